@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: MIT
+// The attention front end: parameters, the resolved problem every backend reads, the one
+// argument check, and alibi::attention(Backend, q, k, v, out, params).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "alibi/backend/fwd.hpp"
+#include "alibi/bias.hpp"
+#include "alibi/config.hpp"
+#include "alibi/error.hpp"
+#include "alibi/slopes.hpp"
+#include "alibi/tensor_view.hpp"
+
+namespace alibi {
+
+/// Everything about an attention call except the four tensors. Tensors are viewed as
+/// q (batch, q_heads, q_len, head_dim), k (batch, kv_heads, k_len, head_dim),
+/// v (batch, kv_heads, k_len, v_head_dim), out (batch, q_heads, q_len, v_head_dim), with
+/// any strides except that the last dimension is contiguous. view_bshd() makes such a view
+/// over (batch, seq, heads, dim) memory.
+///
+/// The optional per-batch views live where the backend reads them: host memory for the
+/// CPU backends, device memory for the CUDA backend.
+struct attention_params {
+  /// Multiplies q.k; default 1/sqrt(head_dim). The ALiBi bias is added after scaling.
+  std::optional<float> scale{};
+  /// Causal and sliding-window masks, relative to positions.
+  mask_spec mask{};
+  /// Where the slopes come from (default: generated, max_bias 8).
+  slope_config slopes{};
+  /// (batch) valid query rows per batch entry; rows >= q_lengths(b) produce zeros.
+  tensor_view<const index_t, 1> q_lengths{};
+  /// (batch) valid keys per batch entry; keys >= k_lengths(b) are excluded and never read.
+  tensor_view<const index_t, 1> k_lengths{};
+  /// (batch) position of query row 0; default k_lengths(b) - q_lengths(b) (bottom-right).
+  tensor_view<const index_t, 1> q_offsets{};
+  /// (batch) position of key 0; default 0.
+  tensor_view<const index_t, 1> k_offsets{};
+  /// (batch, k_len) true = key excluded (padding, holes in packed sequences).
+  tensor_view<const bool, 2> key_mask{};
+  /// Optional output (batch, q_heads, q_len): natural-log logsumexp of each row's scores
+  /// over its unmasked keys; -inf for fully masked rows and padded query rows.
+  tensor_view<float, 3> logsumexp{};
+};
+
+namespace detail {
+
+/// The resolved problem: sizes, defaults applied, and the per-(batch, head, row) questions
+/// every backend asks, answered by one piece of code. Trivially copyable (a kernel argument).
+struct attention_problem {
+  index_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, k_len = 0, head_dim = 0, v_head_dim = 0;
+  float scale = 1.0f;
+  mask_spec mask{};
+  slope_config slopes{};
+  tensor_view<const index_t, 1> q_lengths{}, k_lengths{}, q_offsets{}, k_offsets{};
+  tensor_view<const bool, 2> key_mask{};
+  tensor_view<float, 3> lse{};
+
+  ALIBI_HOST_DEVICE index_t len_q(index_t b) const { return q_lengths.data ? q_lengths(b) : q_len; }
+  ALIBI_HOST_DEVICE index_t len_k(index_t b) const { return k_lengths.data ? k_lengths(b) : k_len; }
+  ALIBI_HOST_DEVICE index_t q_offset(index_t b) const {
+    return q_offsets.data ? q_offsets(b) : len_k(b) - len_q(b);
+  }
+  ALIBI_HOST_DEVICE index_t k_offset(index_t b) const { return k_offsets.data ? k_offsets(b) : 0; }
+  ALIBI_HOST_DEVICE index_t group_size() const { return q_heads / kv_heads; }
+  ALIBI_HOST_DEVICE index_t kv_head(index_t h) const { return h / group_size(); }
+  /// The slope for query head h of batch entry b (0 when ALiBi is disabled).
+  ALIBI_HOST_DEVICE float slope(index_t b, index_t h) const {
+    if (!slopes.enabled) return 0.0f;
+    if (slopes.values.data) return slopes.values(slopes.values.extents[0] == 1 ? 0 : b, h);
+    const index_t global = slopes.global_heads > 0 ? slopes.global_heads : q_heads;
+    return alibi::slope(slopes.head_offset + h, global, slopes.max_bias) * slopes.scale;
+  }
+  /// Keys that the positional masks and the key length allow for query row i of batch b
+  /// (the boolean key mask may still exclude some of them).
+  ALIBI_HOST_DEVICE index_range key_range(index_t b, index_t i) const {
+    return mask.key_range(q_offset(b) + i, k_offset(b), len_k(b));
+  }
+  /// A distance subtracted from every key distance of row i by the kernels; the softmax is
+  /// invariant to it and logsumexp adds -slope * shift back. It is the distance to the
+  /// nearest key the positional masks allow. Why: when every key is far from the query
+  /// (q_len >> k_len, explicit offsets), unshifted fp32 scores near the row maximum are
+  /// large (e.g. -0.25 * 766) and lose their low bits (ulp 1.5e-5); shifted, the scores
+  /// that matter are small and keep them.
+  ALIBI_HOST_DEVICE index_t distance_shift(index_t b, index_t i) const {
+    const index_range r = key_range(b, i);
+    if (r.empty()) return 0;
+    const index_t qp = q_offset(b) + i, lo = k_offset(b) + r.begin, hi = k_offset(b) + r.end - 1;
+    return qp < lo ? lo - qp : qp > hi ? qp - hi : 0;
+  }
+  ALIBI_HOST_DEVICE bool key_excluded(index_t b, index_t j) const {
+    return key_mask.data != nullptr && key_mask(b, j);
+  }
+};
+
+template <class Backend>
+struct dependent_false : std::false_type {};
+
+/// One specialization per backend, in that backend's header. Each provides
+///   static constexpr bool reads_host_memory;
+///   template <class T, class TO> static status can_implement(const Backend&, const
+///   attention_problem&); template <class T, class TO> static void run(const Backend&, const
+///   attention_problem&,
+///       tensor_view<const T, 4> q, k, v, tensor_view<TO, 4> out);
+template <class Backend, class Enable = void>
+struct attention_impl {
+  static_assert(dependent_false<Backend>::value,
+                "alibi::attention: no implementation of this backend is visible. Include "
+                "<alibi/backend/eigen.hpp> (or <alibi/alibi.hpp>) for alibi::backend::eigen, "
+                "<alibi/backend/reference.hpp> for alibi::backend::reference, and "
+                "<alibi/cuda.cuh> (in a .cu file compiled by nvcc) for alibi::backend::cuda.");
+};
+
+inline std::string str(index_t v) { return std::to_string(v); }
+
+/// Largest element offset a view can reach, or -1 if it does not fit in int64.
+template <class T, int R>
+index_t max_offset(const tensor_view<T, R>& v) {
+  index_t off = 0;
+  for (int d = 0; d < R; ++d) {
+    if (v.extents[d] == 0) return 0;
+    const index_t s = v.strides[d] < 0 ? -v.strides[d] : v.strides[d];
+    index_t term = 0;
+    if (__builtin_mul_overflow(v.extents[d] - 1, s, &term)) return -1;
+    if (__builtin_add_overflow(off, term, &off)) return -1;
+  }
+  return off;
+}
+
+/// Checks one view: sizes non-negative, data present when non-empty, offsets in int64.
+template <class T, int R>
+status check_view(const char* fn, const char* name, const tensor_view<T, R>& v) {
+  for (int d = 0; d < R; ++d)
+    if (v.extents[d] < 0)
+      return status::failure(std::string(fn) + ": " + name + ".extent(" + str(d) +
+                             ") must be >= 0, got " + str(v.extents[d]));
+  if (v.size() > 0 && v.data == nullptr)
+    return status::failure(std::string(fn) + ": " + name + ".data is null but " + name + " has " +
+                           str(v.size()) + " elements");
+  if (max_offset(v) < 0)
+    return status::failure(std::string(fn) + ": " + name +
+                           "'s extents and strides reach past a 64-bit element offset");
+  return {};
+}
+
+/// Checks an optional view's shape when it is given.
+template <class T, int R>
+status check_optional(const char* fn, const char* name, const tensor_view<T, R>& v,
+                      const index_t (&expected)[R], const char* expected_text) {
+  if (v.data == nullptr) {
+    for (int d = 0; d < R; ++d)
+      if (v.extents[d] != 0)
+        return status::failure(std::string(fn) + ": " + name + ".data is null but " + name +
+                               " has a non-zero extent; leave it default-constructed to omit it");
+    return {};
+  }
+  for (int d = 0; d < R; ++d)
+    if (v.extents[d] != expected[d])
+      return status::failure(std::string(fn) + ": " + name + " must have shape " + expected_text +
+                             ", but extent(" + str(d) + ") is " + str(v.extents[d]) +
+                             " (expected " + str(expected[d]) + ")");
+  return check_view(fn, name, v);
+}
+
+/// The backend-independent argument check. `host_values`: the per-batch lengths are in host
+/// memory and their values can be checked too.
+template <class TQ, class TK, class TV, class TO>
+status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
+                    const tensor_view<TV, 4>& v, const tensor_view<TO, 4>& out,
+                    const attention_params& p, bool host_values, attention_problem& prob,
+                    const char* fn = "alibi::attention") {
+  const std::string f = fn;
+  for (const status& s : {check_view(fn, "q", q), check_view(fn, "k", k), check_view(fn, "v", v),
+                          check_view(fn, "out", out)})
+    if (!s) return s;
+  const index_t B = q.extents[0], Hq = q.extents[1], Lq = q.extents[2], D = q.extents[3];
+  const index_t Hkv = k.extents[1], Lk = k.extents[2], Dv = v.extents[3];
+  if (k.extents[0] != B || v.extents[0] != B || out.extents[0] != B)
+    return status::failure(f + ": the batch extent (dimension 0) must match: q " + str(B) + ", k " +
+                           str(k.extents[0]) + ", v " + str(v.extents[0]) + ", out " +
+                           str(out.extents[0]));
+  if (k.extents[3] != D)
+    return status::failure(f + ": k.extent(3) (head_dim) must equal q.extent(3) = " + str(D) +
+                           ", got " + str(k.extents[3]));
+  if (v.extents[1] != Hkv || v.extents[2] != Lk)
+    return status::failure(f + ": v must have k's heads and length (" + str(Hkv) + ", " + str(Lk) +
+                           ") in dimensions 1 and 2, got (" + str(v.extents[1]) + ", " +
+                           str(v.extents[2]) + ")");
+  if (out.extents[1] != Hq || out.extents[2] != Lq || out.extents[3] != Dv)
+    return status::failure(f + ": out must have shape (batch, q_heads, q_len, v_head_dim) = (" +
+                           str(B) + ", " + str(Hq) + ", " + str(Lq) + ", " + str(Dv) + "), got (" +
+                           str(out.extents[0]) + ", " + str(out.extents[1]) + ", " +
+                           str(out.extents[2]) + ", " + str(out.extents[3]) + ")");
+  if (Hq > 0 && Hkv == 0)
+    return status::failure(f + ": k.extent(1) (kv heads) must be > 0 when q has " + str(Hq) +
+                           " heads");
+  if (Hkv > 0 && Hq % Hkv != 0)
+    return status::failure(f + ": k.extent(1) (kv heads) must divide q.extent(1) (q heads) = " +
+                           str(Hq) + ", got " + str(Hkv));
+  const struct {
+    const char* name;
+    index_t extent, stride;
+  } dims[] = {{"q", D, q.strides[3]},
+              {"k", D, k.strides[3]},
+              {"v", Dv, v.strides[3]},
+              {"out", Dv, out.strides[3]}};
+  for (const auto& d : dims)
+    if (d.extent > 1 && d.stride != 1)
+      return status::failure(f + ": " + d.name +
+                             ".stride(3) (head_dim) must be 1 (contiguous), got " + str(d.stride));
+  const float scale = p.scale ? *p.scale : (D > 0 ? 1.0f / std::sqrt(static_cast<float>(D)) : 1.0f);
+  if (!std::isfinite(scale))
+    return status::failure(f + ": params.scale must be finite, got " + std::to_string(scale));
+  if (p.mask.window_left < -1 || p.mask.window_right < -1)
+    return status::failure(f +
+                           ": params.mask.window_left/window_right must be >= 0, or -1 for "
+                           "unbounded; got " +
+                           str(p.mask.window_left) + "/" + str(p.mask.window_right));
+  const slope_config& sc = p.slopes;
+  if (sc.values.data) {
+    if ((sc.values.extents[0] != 1 && sc.values.extents[0] != B) || sc.values.extents[1] != Hq)
+      return status::failure(f + ": params.slopes.values must have shape (1 or batch = " + str(B) +
+                             ", q_heads = " + str(Hq) + "), got (" + str(sc.values.extents[0]) +
+                             ", " + str(sc.values.extents[1]) + ")");
+    if (status s = check_view(fn, "params.slopes.values", sc.values); !s) return s;
+  } else {
+    if (!std::isfinite(sc.max_bias) || !std::isfinite(sc.scale))
+      return status::failure(f + ": params.slopes.max_bias and params.slopes.scale must be finite");
+    if (sc.global_heads < 0 || sc.head_offset < 0 ||
+        (sc.global_heads > 0 && sc.head_offset > sc.global_heads - Hq) ||
+        (sc.global_heads == 0 && sc.head_offset != 0))
+      return status::failure(f + ": params.slopes: heads [head_offset, head_offset + q_heads) = [" +
+                             str(sc.head_offset) + ", " + str(sc.head_offset + Hq) +
+                             ") must lie within [0, global_heads = " + str(sc.global_heads) +
+                             ") (set global_heads when head_offset is set)");
+  }
+  const index_t b1[] = {B};
+  if (status s = check_optional(fn, "params.q_lengths", p.q_lengths, b1, "(batch)"); !s) return s;
+  if (status s = check_optional(fn, "params.k_lengths", p.k_lengths, b1, "(batch)"); !s) return s;
+  if (status s = check_optional(fn, "params.q_offsets", p.q_offsets, b1, "(batch)"); !s) return s;
+  if (status s = check_optional(fn, "params.k_offsets", p.k_offsets, b1, "(batch)"); !s) return s;
+  const index_t bk[] = {B, Lk};
+  if (status s = check_optional(fn, "params.key_mask", p.key_mask, bk, "(batch, k_len)"); !s)
+    return s;
+  const index_t bhq[] = {B, Hq, Lq};
+  if (status s =
+          check_optional(fn, "params.logsumexp", p.logsumexp, bhq, "(batch, q_heads, q_len)");
+      !s)
+    return s;
+
+  prob = attention_problem{};
+  prob.batch = B;
+  prob.q_heads = Hq;
+  prob.kv_heads = Hkv;
+  prob.q_len = Lq;
+  prob.k_len = Lk;
+  prob.head_dim = D;
+  prob.v_head_dim = Dv;
+  prob.scale = scale;
+  prob.mask = p.mask;
+  prob.slopes = sc;
+  prob.q_lengths = p.q_lengths;
+  prob.k_lengths = p.k_lengths;
+  prob.q_offsets = p.q_offsets;
+  prob.k_offsets = p.k_offsets;
+  prob.key_mask = p.key_mask;
+  prob.lse = p.logsumexp;
+
+  if (host_values) {
+    // Positions are formed as offset + index in int64; keep them far from overflow.
+    constexpr index_t pos_limit = index_t(1) << 62;
+    for (index_t b = 0; b < B; ++b) {
+      const index_t lq = prob.len_q(b), lk = prob.len_k(b);
+      if (lq < 0 || lq > Lq)
+        return status::failure(f + ": params.q_lengths(" + str(b) +
+                               ") must be in [0, q_len = " + str(Lq) + "], got " + str(lq));
+      if (lk < 0 || lk > Lk)
+        return status::failure(f + ": params.k_lengths(" + str(b) +
+                               ") must be in [0, k_len = " + str(Lk) + "], got " + str(lk));
+      const index_t qo = prob.q_offset(b), ko = prob.k_offset(b);
+      if (qo <= -pos_limit || qo >= pos_limit || ko <= -pos_limit || ko >= pos_limit)
+        return status::failure(f + ": params.q_offsets/k_offsets(" + str(b) +
+                               ") must have magnitude below 2^62");
+    }
+  }
+  return {};
+}
+
+}  // namespace detail
+
+/// Checks every argument without throwing (also the backend's own limits, such as the
+/// head dims a CUDA kernel supports). attention() performs exactly this check.
+template <class Backend, class TQ, class TK, class TV, class TO>
+status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
+                     tensor_view<TV, 4> v, tensor_view<TO, 4> out,
+                     const attention_params& params = {}) {
+  using T = std::remove_const_t<TQ>;
+  static_assert(std::is_same<T, std::remove_const_t<TK>>::value &&
+                    std::is_same<T, std::remove_const_t<TV>>::value,
+                "alibi::attention: q, k and v must have the same element type");
+  static_assert(!std::is_const<TO>::value, "alibi::attention: out must be writable");
+  using impl = detail::attention_impl<Backend>;
+  detail::attention_problem prob;
+  if (status s = detail::make_problem(q, k, v, out, params, impl::reads_host_memory, prob); !s)
+    return s;
+  return impl::template can_implement<T, TO>(backend, prob);
+}
+
+/// ALiBi attention: out = softmax(scale * q k^T + bias + mask) v, per the contract in the
+/// README. The backend is chosen by the type of `backend`. Throws alibi::error for invalid
+/// arguments (the message names the argument and what was expected).
+template <class Backend, class TQ, class TK, class TV, class TO>
+void attention(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
+               tensor_view<TV, 4> v, tensor_view<TO, 4> out, const attention_params& params = {}) {
+  using T = std::remove_const_t<TQ>;
+  static_assert(std::is_same<T, std::remove_const_t<TK>>::value &&
+                    std::is_same<T, std::remove_const_t<TV>>::value,
+                "alibi::attention: q, k and v must have the same element type");
+  static_assert(!std::is_const<TO>::value, "alibi::attention: out must be writable");
+  using impl = detail::attention_impl<Backend>;
+  detail::attention_problem prob;
+  detail::make_problem(q, k, v, out, params, impl::reads_host_memory, prob).throw_if_failed();
+  impl::template can_implement<T, TO>(backend, prob).throw_if_failed();
+  impl::template run<T, TO>(backend, prob, tensor_view<const T, 4>(q), tensor_view<const T, 4>(k),
+                            tensor_view<const T, 4>(v), out);
+}
+
+}  // namespace alibi

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: MIT
+// alibi: annotation macros and the overridable assert/throw hooks. Every other header
+// includes this one first; nothing here pulls a third-party header.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define ALIBI_HOST_DEVICE __host__ __device__
+#define ALIBI_DEVICE __device__
+#else
+#define ALIBI_HOST_DEVICE
+#define ALIBI_DEVICE
+#endif
+
+#if defined(_MSC_VER)
+#define ALIBI_FORCEINLINE __forceinline
+#else
+#define ALIBI_FORCEINLINE inline __attribute__((always_inline))
+#endif
+
+// ALIBI_THROW(e): how the library reports a bad argument. Users who build without
+// exceptions define it before including any alibi header (for example to log and abort);
+// the non-throwing `can_implement` front end never uses it.
+#ifndef ALIBI_THROW
+#define ALIBI_THROW(e) throw(e)
+#endif
+
+// ALIBI_ASSERT(cond): internal invariants only (never argument checking, which always
+// produces an alibi::error). Off unless ALIBI_ENABLE_ASSERTS is defined.
+#ifndef ALIBI_ASSERT
+#if defined(ALIBI_ENABLE_ASSERTS)
+#include <cassert>
+#define ALIBI_ASSERT(cond) assert(cond)
+#else
+#define ALIBI_ASSERT(cond) static_cast<void>(0)
+#endif
+#endif
+
+#define ALIBI_VERSION_MAJOR 0
+#define ALIBI_VERSION_MINOR 1
+#define ALIBI_VERSION_PATCH 0

@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: MIT
+// Adapters between alibi::tensor_view and Eigen::TensorMap<..., Eigen::RowMajor>, and the
+// bias builder returning an Eigen tensor. The only core header that includes Eigen.
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include <unsupported/Eigen/CXX11/Tensor>
+
+#include "alibi/bias_matrix.hpp"
+#include "alibi/tensor_view.hpp"
+
+namespace alibi {
+
+/// A view of a row-major Eigen tensor (or TensorMap) of rank R.
+template <class T, int R>
+tensor_view<T, R> from_eigen(
+    Eigen::TensorMap<Eigen::Tensor<std::remove_const_t<T>, R, Eigen::RowMajor>> m) {
+  tensor_view<T, R> v;
+  v.data = m.data();
+  index_t s = 1;
+  for (int d = R - 1; d >= 0; --d) {
+    v.extents[d] = m.dimension(d);
+    v.strides[d] = s;
+    s *= m.dimension(d);
+  }
+  return v;
+}
+
+template <class T, int R>
+tensor_view<T, R> from_eigen(Eigen::Tensor<T, R, Eigen::RowMajor>& t) {
+  return from_eigen<T, R>(
+      Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>>(t.data(), t.dimensions()));
+}
+
+template <class T, int R>
+tensor_view<const T, R> from_eigen(const Eigen::Tensor<T, R, Eigen::RowMajor>& t) {
+  tensor_view<const T, R> v;
+  v.data = t.data();
+  index_t s = 1;
+  for (int d = R - 1; d >= 0; --d) {
+    v.extents[d] = t.dimension(d);
+    v.strides[d] = s;
+    s *= t.dimension(d);
+  }
+  return v;
+}
+
+/// An Eigen::TensorMap over a view. TensorMap has no strides, so the view must be dense
+/// row-major; anything else is an alibi::error.
+template <class T, int R>
+Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>> to_eigen(tensor_view<T, R> v) {
+  index_t s = 1;
+  for (int d = R - 1; d >= 0; --d) {
+    if (v.extents[d] > 1 && v.strides[d] != s)
+      ALIBI_THROW(error("alibi::to_eigen: the view must be dense row-major; stride(" +
+                        std::to_string(d) + ") is " + std::to_string(v.strides[d]) + ", expected " +
+                        std::to_string(s)));
+    s *= v.extents[d];
+  }
+  Eigen::array<Eigen::Index, R> dims;
+  for (int d = 0; d < R; ++d) dims[d] = static_cast<Eigen::Index>(v.extents[d]);
+  return Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>>(v.data, dims);
+}
+
+/// The (heads, q_len, k_len) bias of batch entry 0 of `params` (see fill_bias): for a
+/// single sequence, the matrix the seeds add to the scores.
+inline Eigen::Tensor<float, 3, Eigen::RowMajor> bias_matrix(index_t heads, index_t q_len,
+                                                            index_t k_len,
+                                                            const attention_params& params = {}) {
+  if (heads < 0 || q_len < 0 || k_len < 0)
+    ALIBI_THROW(error("alibi::bias_matrix: heads, q_len and k_len must be >= 0, got " +
+                      std::to_string(heads) + ", " + std::to_string(q_len) + ", " +
+                      std::to_string(k_len)));
+  Eigen::Tensor<float, 3, Eigen::RowMajor> t(heads, q_len, k_len);
+  fill_bias(make_view(t.data(), index_t(1), heads, q_len, k_len), params);
+  return t;
+}
+
+}  // namespace alibi

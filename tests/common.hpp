@@ -1,0 +1,378 @@
+// SPDX-License-Identifier: MIT
+// Shared test machinery: tensors with NaN-filled padding and guard elements, the case
+// list every backend runs, the double-precision oracle, the fp32 naive computation that
+// sets the tolerance, and the comparison.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <alibi/attention.hpp>
+#include <alibi/backend/reference.hpp>
+
+namespace alibi_test {
+
+using alibi::index_t;
+constexpr float nan_f = std::numeric_limits<float>::quiet_NaN();
+
+/// A (batch, heads, seq, dim) tensor in either memory layout, with `pad_seq` extra rows per
+/// sequence and `pad_dim` extra floats per row that the view does not cover, and `guard`
+/// elements after the end. Everything outside the view holds `fill`.
+template <class T>
+struct padded_tensor {
+  std::vector<T> buf;
+  alibi::tensor_view<T, 4> view;
+  static constexpr index_t guard = 37;
+  T fill;
+
+  padded_tensor(index_t b, index_t h, index_t s, index_t d, bool bshd, T fill_value,
+                index_t pad_seq = 3, index_t pad_dim = 5)
+      : fill(fill_value) {
+    const index_t sc = s + pad_seq, dc = d + pad_dim;
+    buf.assign(static_cast<std::size_t>(b * h * sc * dc + guard), fill);
+    if (bshd)  // memory (batch, seq, heads, dim)
+      view = alibi::make_strided_view<T, 4>(buf.data(), {b, h, s, d}, {sc * h * dc, dc, h * dc, 1});
+    else  // memory (batch, heads, seq, dim)
+      view =
+          alibi::make_strided_view<T, 4>(buf.data(), {b, h, s, d}, {h * sc * dc, sc * dc, dc, 1});
+  }
+  template <class F>
+  void for_each(F&& f) {
+    for (index_t b = 0; b < view.extents[0]; ++b)
+      for (index_t h = 0; h < view.extents[1]; ++h)
+        for (index_t i = 0; i < view.extents[2]; ++i)
+          for (index_t d = 0; d < view.extents[3]; ++d) f(view(b, h, i, d), b, h, i, d);
+  }
+  /// Elements outside the view that no longer hold `fill` (out-of-bounds writes).
+  index_t touched_outside() const {
+    std::vector<char> inside(buf.size(), 0);
+    for (index_t b = 0; b < view.extents[0]; ++b)
+      for (index_t h = 0; h < view.extents[1]; ++h)
+        for (index_t i = 0; i < view.extents[2]; ++i)
+          for (index_t d = 0; d < view.extents[3]; ++d)
+            inside[static_cast<std::size_t>(&view(b, h, i, d) - buf.data())] = 1;
+    index_t n = 0;
+    for (std::size_t e = 0; e < buf.size(); ++e)
+      if (!inside[e] && !(buf[e] == fill || (buf[e] != buf[e] && fill != fill))) ++n;
+    return n;
+  }
+};
+
+/// One attention configuration.
+struct case_spec {
+  index_t batch = 1, hq = 1, hkv = 1, lq = 1, lk = 1, d = 64, dv = -1;
+  bool causal = false;
+  index_t window_left = -1, window_right = -1;
+  bool bshd = false;      // (batch, seq, heads, dim) memory
+  bool lengths = false;   // per-batch q/k lengths, one of them 0
+  bool key_mask = false;  // boolean key mask with holes and one fully masked entry
+  bool offsets = false;   // explicit positions (large absolute positions)
+  bool caller_slopes = false;
+  bool no_alibi = false;
+  float slope_scale = 1.0f;  // multiplies the generated slopes
+  float value_scale = 1.0f;  // inputs are randn * value_scale
+  std::optional<float> scale{};
+  std::uint64_t seed = 1;
+
+  index_t v_dim() const { return dv < 0 ? d : dv; }
+  std::string name() const {
+    std::ostringstream o;
+    o << "B" << batch << " H" << hq << "/" << hkv << " Lq" << lq << " Lk" << lk << " D" << d;
+    if (dv >= 0) o << " Dv" << dv;
+    if (causal) o << " causal";
+    if (window_left >= 0 || window_right >= 0)
+      o << " window(" << window_left << "," << window_right << ")";
+    if (bshd) o << " bshd";
+    if (lengths) o << " lengths";
+    if (key_mask) o << " keymask";
+    if (offsets) o << " offsets";
+    if (caller_slopes) o << " caller-slopes";
+    if (no_alibi) o << " no-alibi";
+    if (slope_scale != 1.0f) o << " slope*" << slope_scale;
+    if (value_scale != 1.0f) o << " x" << value_scale;
+    if (scale) o << " scale=" << *scale;
+    return o.str();
+  }
+};
+
+/// The inputs of one case, with NaN in every byte the attention must not read.
+struct case_data {
+  case_spec spec;
+  padded_tensor<float> q, k, v;
+  std::vector<index_t> q_lengths, k_lengths, q_offsets, k_offsets;
+  std::vector<char> key_mask;  // (batch, lk) as bytes; viewed as bool
+  std::vector<float> slopes;   // (batch, hq)
+  alibi::attention_params params;
+
+  explicit case_data(const case_spec& c)
+      : spec(c),
+        q(c.batch, c.hq, c.lq, c.d, c.bshd, nan_f),
+        k(c.batch, c.hkv, c.lk, c.d, c.bshd, nan_f),
+        v(c.batch, c.hkv, c.lk, c.v_dim(), c.bshd, nan_f) {
+    std::mt19937_64 rng(c.seed);
+    std::normal_distribution<float> randn(0.0f, 1.0f);
+    auto init = [&](float& x, index_t, index_t, index_t, index_t) {
+      x = randn(rng) * c.value_scale;
+    };
+    q.for_each(init);
+    k.for_each(init);
+    v.for_each(init);
+    params.scale = c.scale;
+    params.mask.causal = c.causal;
+    params.mask.window_left = c.window_left;
+    params.mask.window_right = c.window_right;
+    if (c.no_alibi) params.slopes = alibi::slope_config::none();
+    params.slopes.scale = c.slope_scale;
+    if (c.lengths) {
+      for (index_t b = 0; b < c.batch; ++b) {
+        // Entry 1 has no keys, entry 2 no queries; the rest vary.
+        q_lengths.push_back(b == 2 ? 0 : std::max<index_t>(c.lq - b * 3, c.lq > 0 ? 1 : 0));
+        k_lengths.push_back(b == 1 ? 0 : std::max<index_t>(c.lk - b * 5, c.lk > 0 ? 1 : 0));
+      }
+      params.q_lengths = alibi::make_view<const index_t>(q_lengths.data(), c.batch);
+      params.k_lengths = alibi::make_view<const index_t>(k_lengths.data(), c.batch);
+      // Padding beyond each length holds NaN, as a real padded batch may.
+      for (index_t b = 0; b < c.batch; ++b) {
+        for (index_t h = 0; h < c.hq; ++h)
+          for (index_t i = q_lengths[b]; i < c.lq; ++i)
+            for (index_t d = 0; d < c.d; ++d) q.view(b, h, i, d) = nan_f;
+        for (index_t h = 0; h < c.hkv; ++h)
+          for (index_t j = k_lengths[b]; j < c.lk; ++j) {
+            for (index_t d = 0; d < c.d; ++d) k.view(b, h, j, d) = nan_f;
+            for (index_t d = 0; d < c.v_dim(); ++d) v.view(b, h, j, d) = nan_f;
+          }
+      }
+    }
+    if (c.key_mask) {
+      key_mask.assign(static_cast<std::size_t>(c.batch * c.lk), 0);
+      std::bernoulli_distribution hole(0.15);
+      for (index_t b = 0; b < c.batch; ++b)
+        for (index_t j = 0; j < c.lk; ++j) {
+          const bool excluded = (b == c.batch - 1 && c.batch > 1) || hole(rng);
+          key_mask[static_cast<std::size_t>(b * c.lk + j)] = excluded;
+          if (excluded)  // excluded keys are unused memory: NaN there must not matter
+            for (index_t h = 0; h < c.hkv; ++h) {
+              for (index_t d = 0; d < c.d; ++d) k.view(b, h, j, d) = nan_f;
+              for (index_t d = 0; d < c.v_dim(); ++d) v.view(b, h, j, d) = nan_f;
+            }
+        }
+      params.key_mask = alibi::make_view<const bool>(reinterpret_cast<const bool*>(key_mask.data()),
+                                                     c.batch, c.lk);
+    }
+    if (c.offsets) {
+      // Large absolute positions (a long-running KV cache), small relative distances.
+      const index_t base = index_t(1) << 40;
+      for (index_t b = 0; b < c.batch; ++b) {
+        k_offsets.push_back(base + 1000 * b);
+        q_offsets.push_back(base + 1000 * b + c.lk - c.lq + (b % 2 == 1 ? 7 : 0));
+      }
+      params.q_offsets = alibi::make_view<const index_t>(q_offsets.data(), c.batch);
+      params.k_offsets = alibi::make_view<const index_t>(k_offsets.data(), c.batch);
+    }
+    if (c.caller_slopes) {
+      std::uniform_real_distribution<float> u(0.0f, 0.6f);
+      for (index_t i = 0; i < c.batch * c.hq; ++i) slopes.push_back(i == 0 ? 0.0f : u(rng));
+      params.slopes = alibi::slope_config::per_batch_head(slopes.data(), c.batch, c.hq);
+    }
+  }
+};
+
+/// out (double) and logsumexp from the double-precision oracle.
+struct oracle_result {
+  std::vector<double> out;  // (batch, hq, lq, dv) dense
+  std::vector<float> lse;   // (batch, hq, lq)
+};
+
+inline oracle_result run_oracle(case_data& c) {
+  const case_spec& s = c.spec;
+  oracle_result r;
+  r.out.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0);
+  r.lse.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq), 0.0f);
+  alibi::attention_params p = c.params;
+  p.logsumexp = alibi::make_view(r.lse.data(), s.batch, s.hq, s.lq);
+  alibi::attention(alibi::backend::reference{}, c.q.view, c.k.view, c.v.view,
+                   alibi::make_view(r.out.data(), s.batch, s.hq, s.lq, s.v_dim()), p);
+  return r;
+}
+
+/// The seeds' algorithm in fp32 (float dot products, float softmax): the precision a
+/// straightforward fp32 implementation achieves, which sets the tolerance.
+inline std::vector<float> run_naive_fp32(case_data& c) {
+  const case_spec& s = c.spec;
+  alibi::detail::attention_problem p;
+  std::vector<float> out(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0f);
+  auto ov = alibi::make_view(out.data(), s.batch, s.hq, s.lq, s.v_dim());
+  alibi::detail::make_problem(c.q.view, c.k.view, c.v.view, ov, c.params, true, p)
+      .throw_if_failed();
+  std::vector<float> row(static_cast<std::size_t>(s.lk));
+  for (index_t b = 0; b < s.batch; ++b)
+    for (index_t h = 0; h < s.hq; ++h) {
+      const index_t hk = p.kv_head(h);
+      for (index_t i = 0; i < p.len_q(b); ++i) {
+        const alibi::index_range kr = p.key_range(b, i);
+        float m = -std::numeric_limits<float>::infinity();
+        for (index_t j = kr.begin; j < kr.end; ++j) {
+          if (p.key_excluded(b, j)) continue;
+          float dot = 0;
+          for (index_t d = 0; d < s.d; ++d) dot += c.q.view(b, h, i, d) * c.k.view(b, hk, j, d);
+          row[j] = p.scale * dot +
+                   (p.slopes.enabled
+                        ? alibi::alibi_bias(p.slope(b, h), p.q_offset(b) + i, p.k_offset(b) + j)
+                        : 0.0f);
+          m = std::max(m, row[j]);
+        }
+        if (m == -std::numeric_limits<float>::infinity()) continue;
+        float sum = 0;
+        for (index_t j = kr.begin; j < kr.end; ++j)
+          if (!p.key_excluded(b, j)) sum += (row[j] = std::exp(row[j] - m));
+        for (index_t j = kr.begin; j < kr.end; ++j) {
+          if (p.key_excluded(b, j)) continue;
+          for (index_t d = 0; d < s.v_dim(); ++d)
+            ov(b, h, i, d) += row[j] / sum * c.v.view(b, hk, j, d);
+        }
+      }
+    }
+  return out;
+}
+
+/// The outcome of comparing an implementation to the oracle.
+struct comparison {
+  double max_err = 0, naive_err = 0, tolerance = 0, lse_err = 0;
+  index_t nans = 0, lse_mismatch = 0, guard_writes = 0;
+  bool ok() const {
+    return nans == 0 && max_err <= tolerance && lse_mismatch == 0 && guard_writes == 0;
+  }
+  std::string describe() const {
+    std::ostringstream o;
+    o << "max_err " << max_err << " (tolerance " << tolerance << ", naive fp32 " << naive_err
+      << "), lse_err " << lse_err << ", NaNs " << nans << ", lse mismatches " << lse_mismatch
+      << ", guard writes " << guard_writes;
+    return o.str();
+  }
+};
+
+/// The tolerance rule of the design notes: max |impl - ref64| <= 2 * max |naive32 - ref64| +
+/// a floor of a few ulps of the output scale; logsumexp within the same relative bound and
+/// exactly -inf where the oracle's is.
+inline comparison compare(const case_data& c, const oracle_result& ref,
+                          const std::vector<float>& naive, const padded_tensor<float>& out,
+                          const std::vector<float>& lse) {
+  const case_spec& s = c.spec;
+  comparison r;
+  double scale_out = 0;
+  for (double x : ref.out) scale_out = std::max(scale_out, std::abs(x));
+  for (index_t b = 0; b < s.batch; ++b)
+    for (index_t h = 0; h < s.hq; ++h)
+      for (index_t i = 0; i < s.lq; ++i) {
+        for (index_t d = 0; d < s.v_dim(); ++d) {
+          const std::size_t e =
+              static_cast<std::size_t>(((b * s.hq + h) * s.lq + i) * s.v_dim() + d);
+          const float x = out.view(b, h, i, d);
+          if (std::isnan(x)) ++r.nans;
+          r.max_err = std::max(r.max_err, std::abs(static_cast<double>(x) - ref.out[e]));
+          r.naive_err = std::max(r.naive_err, std::abs(static_cast<double>(naive[e]) - ref.out[e]));
+        }
+        const std::size_t li = static_cast<std::size_t>((b * s.hq + h) * s.lq + i);
+        const float a = lse[li], e = ref.lse[li];
+        if (std::isinf(e) || std::isinf(a)) {
+          if (a != e) ++r.lse_mismatch;
+        } else {
+          const double err = std::abs(static_cast<double>(a) - e);
+          r.lse_err = std::max(r.lse_err, err);
+          if (!(err <= 1e-5 * std::max(1.0, std::abs(static_cast<double>(e))) * 4))
+            ++r.lse_mismatch;
+        }
+      }
+  const double floor = 8 * std::numeric_limits<float>::epsilon() * std::max(1.0, scale_out);
+  r.tolerance = 2 * r.naive_err + floor;
+  r.guard_writes = out.touched_outside();
+  return r;
+}
+
+/// Runs `backend` on the case and compares it with the oracle.
+template <class Backend>
+comparison check_backend(const Backend& backend, const case_spec& spec) {
+  case_data c(spec);
+  const oracle_result ref = run_oracle(c);
+  const std::vector<float> naive = run_naive_fp32(c);
+  padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.v_dim(), spec.bshd, 1234.5f);
+  std::vector<float> lse(static_cast<std::size_t>(spec.batch * spec.hq * spec.lq + 1), 1234.5f);
+  alibi::attention_params p = c.params;
+  p.logsumexp = alibi::make_view(lse.data(), spec.batch, spec.hq, spec.lq);
+  alibi::attention(backend, c.q.view, c.k.view, c.v.view, out.view, p);
+  comparison r = compare(c, ref, naive, out, lse);
+  if (lse.back() != 1234.5f) ++r.guard_writes;
+  return r;
+}
+
+/// The shared case list (design notes section 5), as a covering grid rather than the full
+/// product: every length pair meets several head dims, head counts, masks and layouts.
+inline std::vector<case_spec> grid_cases() {
+  std::vector<case_spec> cases;
+  const index_t lens[] = {1, 2, 3, 17, 97, 113, 127, 128, 129, 255};
+  const index_t dims[] = {32, 64, 80, 96, 128, 1, 21, 59};
+  const index_t heads[][2] = {{1, 1}, {3, 3}, {5, 5}, {8, 8}, {12, 12}, {16, 16}, {8, 2}, {8, 1}};
+  std::uint64_t seed = 100;
+  int n = 0;
+  for (index_t lq : lens)
+    for (int shape = 0; shape < 3; ++shape) {
+      case_spec c;
+      c.lq = lq;
+      c.lk = shape == 0 ? lq : shape == 1 ? lq + 37 : std::max<index_t>(1, lq / 3);
+      c.d = dims[n % 8];
+      c.hq = heads[n % 8][0];
+      c.hkv = heads[(n + 3) % 8][0] == c.hq ? heads[(n + 3) % 8][1] : heads[n % 8][1];
+      if (c.hq % c.hkv != 0) c.hkv = c.hq;
+      c.batch = 1 + n % 3;
+      c.causal = n % 2 == 0;
+      if (n % 5 == 3) {
+        c.window_left = 7 + n % 11;
+        c.window_right = c.causal ? -1 : 3;
+      }
+      c.bshd = n % 4 == 1;
+      c.lengths = c.batch >= 3 || n % 7 == 2;
+      c.key_mask = n % 6 == 5;
+      c.offsets = n % 9 == 4;
+      c.caller_slopes = n % 10 == 7;
+      c.seed = seed++;
+      cases.push_back(c);
+      ++n;
+    }
+  // Long sequences and both q_len != k_len directions.
+  for (auto [lq, lk, causal] : {std::tuple<index_t, index_t, bool>{1023, 1023, true},
+                                {1025, 1025, false},
+                                {1025, 1023, true},
+                                {300, 1025, true},
+                                {1023, 257, false}}) {
+    case_spec c;
+    c.lq = lq;
+    c.lk = lk;
+    c.causal = causal;
+    c.d = 64;
+    c.hq = 3;
+    c.hkv = 3;
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  // Decoding: q_len 1..16 against a long cache (split-key path), with GQA.
+  for (index_t lq : {1, 4, 16}) {
+    case_spec c;
+    c.lq = lq;
+    c.lk = 4099;
+    c.causal = true;
+    c.d = 128;
+    c.hq = 4;
+    c.hkv = 1;
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+}  // namespace alibi_test

@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: MIT
+// A downstream program: builds against an installed or vendored alibi and checks one result.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <alibi/alibi.hpp>
+
+int main() {
+  // One query attending to two keys with equal scores: the 1-head slope is 1/256, so the
+  // near key (distance 0) outweighs the far one (distance 1) by exp(1/256).
+  std::vector<float> q(4, 0.0f), k(8, 0.0f), v = {1, 1, 1, 1, 3, 3, 3, 3}, out(4);
+  alibi::attention(alibi::backend::eigen{1}, alibi::make_view(q.data(), 1, 1, 1, 4),
+                   alibi::make_view(k.data(), 1, 1, 2, 4), alibi::make_view(v.data(), 1, 1, 2, 4),
+                   alibi::make_view(out.data(), 1, 1, 1, 4));
+  const double w = std::exp(-1.0 / 256);
+  const double expect = (1 * w + 3) / (w + 1);
+  std::printf("alibi consumer: out = %.7f (expected %.7f)\n", out[0], expect);
+  return std::abs(out[0] - expect) < 1e-6 ? 0 : 1;
+}

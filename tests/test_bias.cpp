@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: MIT
+// Bias matrices and masks against hand-computed small cases.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <alibi/alibi.hpp>
+
+namespace {
+constexpr float inf = std::numeric_limits<float>::infinity();
+}
+
+TEST_CASE("symmetric bias, 2 heads, 3 x 3", "[bias]") {
+  // Slopes of a 2-head model: 1/16, 1/256.
+  const auto t = alibi::bias_matrix(2, 3, 3);
+  const float s0 = 1.0f / 16, s1 = 1.0f / 256;
+  const float expect0[3][3] = {{0, -s0, -2 * s0}, {-s0, 0, -s0}, {-2 * s0, -s0, 0}};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) {
+      CHECK(t(0, i, j) == expect0[i][j]);
+      CHECK(t(1, i, j) == -s1 * static_cast<float>(std::abs(i - j)));
+    }
+}
+
+TEST_CASE("causal bias with q_len < k_len is bottom-right aligned", "[bias]") {
+  alibi::attention_params p;
+  p.mask.causal = true;
+  // 1 head (slope 1/256), 2 queries, 4 keys: queries sit at positions 2 and 3.
+  const auto t = alibi::bias_matrix(1, 2, 4, p);
+  const float s = 1.0f / 256;
+  const float expect[2][4] = {{-2 * s, -s, 0, -inf}, {-3 * s, -2 * s, -s, 0}};
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) CHECK(t(0, i, j) == expect[i][j]);
+}
+
+TEST_CASE("causal bias with q_len > k_len masks the first rows entirely", "[bias]") {
+  alibi::attention_params p;
+  p.mask.causal = true;
+  const auto t = alibi::bias_matrix(1, 3, 2, p);  // queries at positions -1, 0, 1
+  CHECK(t(0, 0, 0) == -inf);
+  CHECK(t(0, 0, 1) == -inf);
+  CHECK(t(0, 1, 0) == 0.0f);
+  CHECK(t(0, 1, 1) == -inf);
+  CHECK(t(0, 2, 0) == -1.0f / 256);
+}
+
+TEST_CASE("sliding window, offsets and per-batch lengths", "[bias]") {
+  alibi::attention_params p;
+  p.mask.window_left = 1;
+  p.mask.window_right = 0;
+  std::vector<alibi::index_t> qo = {10, 0}, ko = {8, 0}, lk = {4, 2}, lq = {2, 1};
+  p.q_offsets = alibi::make_view<const alibi::index_t>(qo.data(), 2);
+  p.k_offsets = alibi::make_view<const alibi::index_t>(ko.data(), 2);
+  p.k_lengths = alibi::make_view<const alibi::index_t>(lk.data(), 2);
+  p.q_lengths = alibi::make_view<const alibi::index_t>(lq.data(), 2);
+  std::vector<float> buf(2 * 1 * 2 * 4);
+  alibi::fill_bias(alibi::make_view(buf.data(), 2, 1, 2, 4), p);
+  const float s = 1.0f / 256;
+  // Batch 0: query positions 10, 11; keys 8..11. Window keeps k_pos in [q_pos - 1, q_pos].
+  const float b0[2][4] = {{-inf, -s, 0, -inf}, {-inf, -inf, -s, 0}};
+  // Batch 1: one query at 0 (row 1 padded), two keys at 0, 1.
+  const float b1[2][4] = {{0, -inf, -inf, -inf}, {-inf, -inf, -inf, -inf}};
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      CHECK(buf[static_cast<std::size_t>(i * 4 + j)] == b0[i][j]);
+      CHECK(buf[static_cast<std::size_t>(8 + i * 4 + j)] == b1[i][j]);
+    }
+}
+
+TEST_CASE("bias is exact at large absolute positions", "[bias]") {
+  // Positions near 2^40: the bias still comes from the exact small distance.
+  const alibi::index_t base = alibi::index_t(1) << 40;
+  for (alibi::index_t d : {0, 1, 3, 1000}) {
+    CHECK(alibi::alibi_bias(0.5f, base + d, base) == -0.5f * static_cast<float>(d));
+    CHECK(alibi::alibi_bias(0.5f, base, base + d) == -0.5f * static_cast<float>(d));
+  }
+  // Distances past fp16's range (65504) stay finite in fp32.
+  CHECK(std::isfinite(alibi::alibi_bias(8.0f, 1 << 20, 0)));
+}
+
+TEST_CASE("key ranges of the masks are contiguous and correct", "[bias]") {
+  alibi::mask_spec m;
+  m.causal = true;
+  m.window_left = 3;
+  for (alibi::index_t q = -2; q < 12; ++q) {
+    const alibi::index_range r = m.key_range(q, 0, 10);
+    for (alibi::index_t j = 0; j < 10; ++j) CHECK((j >= r.begin && j < r.end) == m.allows(q, j));
+  }
+}
+
+TEST_CASE("bias with ALiBi disabled and caller slopes", "[bias]") {
+  alibi::attention_params p;
+  p.slopes = alibi::slope_config::none();
+  const auto t = alibi::bias_matrix(1, 2, 2, p);
+  CHECK(t(0, 0, 1) == 0.0f);
+  const float mine[2] = {0.25f, 2.0f};
+  p.slopes = alibi::slope_config::per_head(mine, 2);
+  const auto u = alibi::bias_matrix(2, 2, 3, p);
+  CHECK(u(0, 0, 2) == -0.25f);  // query 0 at position 1, key 2
+  CHECK(u(1, 1, 0) == -4.0f);   // queries at positions 1, 2
+}
