@@ -15,6 +15,7 @@
 
 #include "alibi/attention.hpp"
 #include "alibi/detail/cpu_parallel.hpp"
+#include "alibi/detail/cpu_simd.hpp"
 #include "alibi/detail/online_softmax.hpp"
 #include "alibi/eigen.hpp"
 
@@ -24,21 +25,20 @@ namespace cpu {
 
 /// Tile sizes and work-splitting constants of the fused CPU kernel.
 struct kernel_config {
-  static constexpr index_t block_q = 64;   // query rows per work item
-  static constexpr index_t block_k = 256;  // keys per inner tile
+  static constexpr index_t block_q = 256;  // query rows per work item
+  static constexpr index_t block_k = 128;  // keys per inner tile
   // Few (batch, head, query tile) items (decoding: q_len 1..16) leave threads idle, so the
   // keys are then split into chunks whose partial results are merged through their
   // logsumexp. The split depends on the shape only, never on the thread count, so results
   // stay bitwise independent of the thread count.
   static constexpr index_t min_items = 16;
-  static constexpr index_t min_split_keys = 1024;
+  static constexpr index_t min_split_keys = 2048;
   static_assert(min_split_keys % block_k == 0, "key chunks must hold whole key tiles");
 };
 
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using const_rows_map = Eigen::Map<const row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
 using rows_map = Eigen::Map<row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
-using array_map = Eigen::Map<Eigen::ArrayXf>;
 
 /// Row strides of the scratch matrices, in floats: a multiple of 16 (64 bytes).
 inline index_t padded_stride(index_t n) { return (n + 15) / 16 * 16; }
@@ -77,48 +77,63 @@ inline workspace& thread_workspace() {
   return w;
 }
 
-/// One softmax row of a tile: scores s[0, n) of query row at distance `base` from key 0 of
-/// the tile, keys [vb, ve) allowed. On return s holds the probabilities exp(x - m_new) (0
-/// for masked keys); returns the factor by which the row's accumulated output must be
-/// rescaled.
+/// Whether every element of a (rows, cols) block with row stride ld is finite. x * 0 is 0
+/// for finite x and NaN for Inf/NaN; 16 independent lanes let the compiler vectorize it.
+inline bool all_finite(const float* data, index_t ld, index_t rows, index_t cols) {
+  float acc[16] = {};
+  for (index_t r = 0; r < rows; ++r) {
+    const float* row = data + r * ld;
+    index_t c = 0;
+    for (; c + 16 <= cols; c += 16)
+      for (int t = 0; t < 16; ++t) acc[t] += row[c + t] * 0.0f;
+    for (; c < cols; ++c) acc[0] += row[c] * 0.0f;
+  }
+  float total = 0.0f;
+  for (float a : acc) total += a;
+  return total == 0.0f;
+}
+
+/// One softmax row of a tile: scores s[0, n) of the query at position q_pos against keys
+/// from position k_pos0, keys [vb, ve) allowed by the positional masks, `excluded` (if not
+/// null) marking keys the key mask removes. On return s holds the probabilities
+/// exp(x - m_new), 0 for masked keys; returns the factor by which the row's accumulated
+/// output must be rescaled.
 ALIBI_FORCEINLINE float softmax_row(float* s, index_t n, index_t vb, index_t ve, float scale,
-                                    float neg_slope, bool exact_bias, float base, index_t shift,
-                                    index_t q_pos, index_t k_pos0, const bool* excluded,
-                                    softmax_state& st) {
+                                    float neg_slope, bool exact_bias, index_t shift, index_t q_pos,
+                                    index_t k_pos0, const bool* excluded, softmax_state& st) {
   constexpr float neg_inf = -std::numeric_limits<float>::infinity();
-  if (vb >= ve) {
-    std::fill(s, s + n, 0.0f);
-    return 1.0f;
-  }
-  std::fill(s, s + vb, neg_inf);
-  std::fill(s + ve, s + n, neg_inf);
-  if (neg_slope == 0.0f) {
-    for (index_t j = vb; j < ve; ++j) s[j] = scale * s[j];
-  } else if (exact_bias) {
-    // base, j and shift are integers below 2^24, so |base - j| - shift is exact in float:
-    // the same value alibi_bias() forms from the 64-bit distance.
-    const float shift_f = static_cast<float>(shift);
-    for (index_t j = vb; j < ve; ++j)
-      s[j] = scale * s[j] + neg_slope * (std::fabs(base - static_cast<float>(j)) - shift_f);
+  std::fill(s, s + vb, 0.0f);
+  std::fill(s + std::max(vb, ve), s + n, 0.0f);
+  if (vb >= ve) return 1.0f;
+  float* x = s + vb;
+  const index_t len = ve - vb;
+  float mx;
+  if (exact_bias) {
+    // The distance of key vb, as an exact float (see kernel code for the 2^24 bound).
+    mx = score_row(x, len, scale, neg_slope, static_cast<float>(q_pos - (k_pos0 + vb)),
+                   static_cast<float>(shift));
   } else {
-    for (index_t j = vb; j < ve; ++j)
-      s[j] = scale * s[j] + alibi_bias(-neg_slope, q_pos, k_pos0 + j, shift);
+    mx = neg_inf;
+    for (index_t j = 0; j < len; ++j) {
+      x[j] = scale * x[j] + alibi_bias(-neg_slope, q_pos, k_pos0 + vb + j, shift);
+      mx = (x[j] > mx || x[j] != x[j]) ? x[j] : mx;
+    }
   }
-  if (excluded)
-    for (index_t j = vb; j < ve; ++j)
-      if (excluded[j]) s[j] = neg_inf;
-  const float mx = array_map(s + vb, ve - vb).maxCoeff();
+  if (excluded) {
+    mx = neg_inf;
+    for (index_t j = 0; j < len; ++j) {
+      if (excluded[vb + j]) x[j] = neg_inf;
+      mx = (x[j] > mx || x[j] != x[j]) ? x[j] : mx;
+    }
+  }
   // NaN scores must reach the output (E17): a NaN maximum is kept, never replaced by m.
   const float m_new = (mx > st.m || mx != mx) ? mx : st.m;
   if (m_new == neg_inf) {  // everything masked so far: nothing to accumulate
-    std::fill(s, s + n, 0.0f);
+    std::fill(x, x + len, 0.0f);
     return 1.0f;
   }
   const float alpha = rescale_factor(st.m, m_new);
-  std::fill(s, s + vb, 0.0f);
-  std::fill(s + ve, s + n, 0.0f);
-  for (index_t j = vb; j < ve; ++j) s[j] = exp_flush(s[j] - m_new);
-  st.l = st.l * alpha + array_map(s + vb, ve - vb).sum();
+  st.l = st.l * alpha + exp_row(x, len, m_new);
   st.m = m_new;
   return alpha;
 }
@@ -130,7 +145,7 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
                         const tensor_view<const float, 4>& k, const tensor_view<const float, 4>& v,
                         const tensor_view<float, 4>& out, index_t b, index_t h, index_t i0,
                         index_t i1, index_t kb, index_t ke, float* partial_o,
-                        softmax_state* partial_state) {
+                        softmax_state* partial_state, bool careful = false) {
   using cfg = kernel_config;
   const index_t lq = p.len_q(b), dv = p.v_head_dim, d = p.head_dim, hk = p.kv_head(h);
   const bool final_pass = partial_o == nullptr;
@@ -173,9 +188,22 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
     const index_t bk = std::min(cfg::block_k, ue - j0);
     const_rows_map km(k.ptr(b, hk, j0), bk, d, Eigen::OuterStride<>(k.strides[2]));   // (bk, D)
     const_rows_map vm(v.ptr(b, hk, j0), bk, dv, Eigen::OuterStride<>(v.strides[2]));  // (bk, Dv)
+    // Only the rows whose key range meets this tile take part (causal and windowed tiles
+    // on the diagonal band need a fraction of the rows).
+    index_t ra = n, rb = 0;
+    for (index_t r = 0; r < n; ++r) {
+      const index_range kr = ws.keys[r];
+      if (kr.begin < j0 + bk && kr.end > j0 && !kr.empty()) {
+        ra = std::min(ra, r);
+        rb = r + 1;
+      }
+    }
+    if (ra >= rb) continue;
+    const index_t m = rb - ra;
     const index_t lds = padded_stride(bk);
-    rows_map s(ws.s.data(), n, bk, Eigen::OuterStride<>(lds));  // (n, bk)
-    s.noalias() = qm * km.transpose();
+    rows_map s(ws.s.data(), m, bk, Eigen::OuterStride<>(lds));  // (m, bk): rows ra..rb
+    auto o_act = o.middleRows(ra, m);                           // (m, Dv)
+    s.noalias() = qm.middleRows(ra, m) * km.transpose();
 
     // Keys excluded by the key mask, and keys whose V row is not finite: P V through a GEMM
     // would spread their NaN/Inf (0 * NaN = NaN) into rows that never attend to them.
@@ -189,41 +217,52 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
         excluded = reinterpret_cast<const bool*>(excluded_buf.data());
       }
     }
+    // Keys whose V row must not enter the GEMM: excluded keys (unused memory, may hold
+    // NaN) and, in careful mode, keys with a non-finite V row.
     ws.bad.clear();
-    const bool v_finite = vm.allFinite();
+    const bool v_finite = !careful || all_finite(vm.data(), v.strides[2], bk, dv);
     if (excluded || !v_finite)
       for (index_t j = 0; j < bk; ++j)
-        if ((excluded && excluded[j]) || !vm.row(j).allFinite()) ws.bad.push_back(j);
+        if ((excluded && excluded[j]) || (!v_finite && !all_finite(vm.row(j).data(), 0, 1, dv)))
+          ws.bad.push_back(j);
 
     // Exact float distances need every |q_pos - k_pos| of the tile below 2^24.
     const index_t dmax =
         std::max(std::abs(qo + i0 - (ko + j0 + bk - 1)), std::abs(qo + i0 + n - 1 - (ko + j0)));
     const bool exact_bias = dmax < (index_t(1) << 24);
-    for (index_t r = 0; r < n; ++r) {
+    for (index_t r = ra; r < rb; ++r) {
       const index_range kr = ws.keys[r];
       const index_t vb = std::clamp<index_t>(kr.begin - j0, 0, bk);
       const index_t ve = std::clamp<index_t>(kr.end - j0, 0, bk);
       const index_t q_pos = qo + i0 + r, k_pos0 = ko + j0;
       const float alpha =
-          softmax_row(ws.s.data() + r * lds, bk, vb, ve, p.scale, neg_slope, exact_bias,
-                      static_cast<float>(exact_bias ? q_pos - k_pos0 : 0), ws.shift[r], q_pos,
-                      k_pos0, excluded, ws.state[r]);
+          softmax_row(ws.s.data() + (r - ra) * lds, bk, vb, ve, p.scale, neg_slope, exact_bias,
+                      ws.shift[r], q_pos, k_pos0, excluded, ws.state[r]);
       if (alpha != 1.0f) o.row(r) *= alpha;
     }
     if (ws.bad.empty()) {
-      o.noalias() += s * vm;
+      o_act.noalias() += s * vm;
     } else {
       rows_map vc(ws.v.data(), bk, dv, Eigen::OuterStride<>(ldo));
       vc = vm;
       for (index_t j : ws.bad) vc.row(j).setZero();
-      o.noalias() += s * vc;
+      o_act.noalias() += s * vc;
       // A non-finite V row still reaches the rows that attend to it, exactly.
       for (index_t j : ws.bad)
-        for (index_t r = 0; r < n; ++r)
-          if (s(r, j) != 0.0f) o.row(r) += s(r, j) * vm.row(j);
+        for (index_t r = 0; r < m; ++r)
+          if (s(r, j) != 0.0f) o_act.row(r) += s(r, j) * vm.row(j);
     }
   }
 
+  // P V through a GEMM multiplies masked probabilities (exact zeros) by every V row of the
+  // tile, so a non-finite V row would reach rows that never attend to it (0 * NaN = NaN).
+  // Checking every tile costs ~6%; instead a non-finite result, which finite inputs never
+  // produce, sends the whole item through the careful path that keeps such rows out of
+  // the GEMM and adds their contribution only where the probability is non-zero.
+  if (!careful && !all_finite(o.data(), ldo, n, dv)) {
+    attend_tile(p, q, k, v, out, b, h, i0, i1, kb, ke, partial_o, partial_state, true);
+    return;
+  }
   if (!final_pass) {
     rows_map(partial_o, n, dv, Eigen::OuterStride<>(dv)) = o;
     std::copy(ws.state.begin(), ws.state.begin() + n, partial_state);

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: MIT
+// Shared pieces of the CPU benchmarks: inputs, the fp32 seed algorithm (the baseline), and
+// this machine's sgemm throughput measured in the same process.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <Eigen/Core>
+#include <alibi/alibi.hpp>
+
+namespace alibi_bench {
+
+using alibi::index_t;
+using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// q, k, v of shape (1, heads, len, dim), randn with a fixed seed.
+struct inputs {
+  index_t heads, len_q, len_k, dim;
+  std::vector<float> q, k, v, out;
+  inputs(index_t h, index_t lq, index_t lk, index_t d, unsigned seed = 42)
+      : heads(h),
+        len_q(lq),
+        len_k(lk),
+        dim(d),
+        q(static_cast<std::size_t>(h * lq * d)),
+        k(static_cast<std::size_t>(h * lk * d)),
+        v(k.size()),
+        out(q.size()) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> randn;
+    for (auto* t : {&q, &k, &v})
+      for (float& x : *t) x = randn(rng);
+  }
+  alibi::tensor_view<const float, 4> qv() const {
+    return alibi::make_view(q.data(), 1, heads, len_q, dim);
+  }
+  alibi::tensor_view<const float, 4> kv() const {
+    return alibi::make_view(k.data(), 1, heads, len_k, dim);
+  }
+  alibi::tensor_view<const float, 4> vv() const {
+    return alibi::make_view(v.data(), 1, heads, len_k, dim);
+  }
+  alibi::tensor_view<float, 4> ov() { return alibi::make_view(out.data(), 1, heads, len_q, dim); }
+};
+
+/// Attention flops as usually counted: two GEMMs of 2 * Lq * Lk * D each, halved for causal.
+inline double attention_flops(index_t heads, index_t lq, index_t lk, index_t d, bool causal) {
+  return 4.0 * static_cast<double>(heads) * lq * lk * d * (causal ? 0.5 : 1.0);
+}
+
+/// The seeds' algorithm in fp32 with Eigen: per head, materialize scale * Q K^T (GEMM), add
+/// the ALiBi bias matrix (built per call, as the seeds do), mask, softmax, multiply by V.
+/// Per-thread score and bias buffers of L x L floats.
+inline void seed_attention(int threads, inputs& in, bool causal) {
+  const index_t L = in.len_q, Lk = in.len_k, D = in.dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const std::vector<float> slopes = alibi::slopes(in.heads);
+  alibi::detail::parallel_for(threads, in.heads, [&](index_t h) {
+    thread_local row_matrix scores, bias;
+    scores.resize(L, Lk);
+    bias.resize(L, Lk);
+    Eigen::Map<const row_matrix> q(in.q.data() + h * L * D, L, D),
+        k(in.k.data() + h * Lk * D, Lk, D), v(in.v.data() + h * Lk * D, Lk, D);
+    Eigen::Map<row_matrix> o(in.out.data() + h * L * D, L, D);
+    const Eigen::ArrayXf cols = Eigen::ArrayXf::LinSpaced(Lk, 0.0f, static_cast<float>(Lk - 1));
+    for (index_t i = 0; i < L; ++i)
+      bias.row(i) =
+          (-slopes[static_cast<std::size_t>(h)] * (cols - static_cast<float>(i + Lk - L)).abs())
+              .matrix()
+              .transpose();
+    scores.noalias() = q * k.transpose();
+    scores = scores * scale + bias;
+    if (causal)
+      for (index_t i = 0; i < L; ++i)
+        scores.row(i).tail(std::max<index_t>(0, Lk - (i + Lk - L) - 1)).setConstant(-INFINITY);
+    for (index_t i = 0; i < L; ++i) {
+      auto r = scores.row(i).array();
+      r = (r - r.maxCoeff()).exp();
+      r /= r.sum();
+    }
+    o.noalias() = scores * v;
+  });
+}
+
+/// Aggregate GFLOP/s of `threads` concurrent 1024^3 Eigen sgemms: the practical limit of this
+/// machine for GEMM-bound work. Median of 7 repetitions, measured once per process.
+inline double sgemm_gflops(int threads) {
+  static double cached[64] = {};
+  if (cached[threads] > 0) return cached[threads];
+  const index_t n = 1024;
+  std::vector<double> rates;
+  std::vector<Eigen::MatrixXf> a(static_cast<std::size_t>(threads), Eigen::MatrixXf::Random(n, n)),
+      b(a), c(a);
+  for (int rep = 0; rep < 7; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        c[static_cast<std::size_t>(t)].noalias() =
+            a[static_cast<std::size_t>(t)] * b[static_cast<std::size_t>(t)];
+      });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(2.0 * n * n * n * threads / s / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return cached[threads] = rates[rates.size() / 2];
+}
+
+}  // namespace alibi_bench
