@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's demo command: installs missing packages, builds the examples and runs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+build=${ALIBI_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" --parallel "$(nproc)" --target alibi_example_slopes_and_bias alibi_example_quickstart
+for example in slopes_and_bias quickstart; do
+  echo
+  echo "== examples/${example}.cpp"
+  "$build/examples/alibi_example_${example}"
+done

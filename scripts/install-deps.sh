@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what alibi needs to build, test and benchmark on Debian/Ubuntu, only where missing.
+set -euo pipefail
+packages=(cmake ninja-build g++ libeigen3-dev catch2 libbenchmark-dev)
+[ "${ALIBI_WITH_PLOTS:-0}" = 1 ] && packages+=(python3-matplotlib)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "alibi: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
