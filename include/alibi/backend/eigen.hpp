@@ -25,7 +25,7 @@ namespace cpu {
 
 /// Tile sizes and work-splitting constants of the fused CPU kernel.
 struct kernel_config {
-  static constexpr index_t block_q = 256;  // query rows per work item
+  static constexpr index_t block_q = 512;  // query rows per work item
   static constexpr index_t block_k = 128;  // keys per inner tile
   // Few (batch, head, query tile) items (decoding: q_len 1..16) leave threads idle, so the
   // keys are then split into chunks whose partial results are merged through their
@@ -37,37 +37,45 @@ struct kernel_config {
 };
 
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using col_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
 using const_rows_map = Eigen::Map<const row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
 using rows_map = Eigen::Map<row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+using cols_map = Eigen::Map<col_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
 
-/// Row strides of the scratch matrices, in floats: a multiple of 16 (64 bytes).
+/// Leading dimensions of the scratch matrices, in floats: a multiple of 16 (64 bytes).
 inline index_t padded_stride(index_t n) { return (n + 15) / 16 * 16; }
 
 /// Per-thread scratch, grown on demand and reused across calls. Why aligned, with padded
-/// row strides: Eigen picks its packet peeling from pointer alignment, which would change
-/// the summation order, and so the last bits, from one thread's buffers to another's; with
-/// every buffer 64-byte aligned every thread sums in the same order.
+/// leading dimensions: Eigen picks its packet peeling from pointer alignment, which would
+/// change the summation order, and so the last bits, from one thread's buffers to another's;
+/// with every buffer 64-byte aligned every thread computes in the same order.
 struct workspace {
   template <class T>
   using aligned_vector = std::vector<T, Eigen::aligned_allocator<T>>;
-  aligned_vector<float> s;           // (block_q, block_k) scores, then probabilities
-  aligned_vector<float> o;           // (block_q, padded Dv) unnormalized output rows
-  aligned_vector<float> v;           // (block_k, padded Dv) a V tile, unusable rows zeroed
-  std::vector<softmax_state> state;  // (block_q)
-  std::vector<index_range> keys;     // (block_q) allowed keys of each row
-  std::vector<index_t> shift;        // (block_q) distance_shift of each row
-  std::vector<index_t> bad;          // keys of the current tile that need special care
+  static constexpr index_t rows = kernel_config::block_q + 16;  // room for packet padding
+  aligned_vector<float> s;  // (rows, block_k) column-major: scores, then probabilities
+  aligned_vector<float> o;  // (rows, Dv) column-major: unnormalized output
+  aligned_vector<float> v;  // (block_k, padded Dv) a V tile with unusable rows zeroed
+  // Per query row of the item (rows):
+  aligned_vector<float> base, shift_f, m_run, l_run, mx, m_use, alpha, lsum;
+  std::vector<index_t> shift, begin, end;
+  // Per key of the tile (block_k): valid local rows [c0, c1).
+  std::vector<index_t> c0, c1;
+  std::vector<index_t> bad;  // keys of the tile whose V row stays out of the GEMM
 
   void reserve(index_t dv) {
-    const auto bq = static_cast<std::size_t>(kernel_config::block_q);
+    const auto r = static_cast<std::size_t>(rows);
     const auto bk = static_cast<std::size_t>(kernel_config::block_k);
     const auto d = static_cast<std::size_t>(padded_stride(dv));
-    if (s.size() < bq * bk) s.resize(bq * bk);
-    if (o.size() < bq * d) o.resize(bq * d);
+    if (s.size() < r * bk) s.resize(r * bk);
+    if (o.size() < r * d) o.resize(r * d);
     if (v.size() < bk * d) v.resize(bk * d);
-    if (state.size() < bq) state.resize(bq);
-    if (keys.size() < bq) keys.resize(bq);
-    if (shift.size() < bq) shift.resize(bq);
+    for (auto* a : {&base, &shift_f, &m_run, &l_run, &mx, &m_use, &alpha, &lsum})
+      if (a->size() < r) a->assign(r, 0.0f);
+    for (auto* a : {&shift, &begin, &end})
+      if (a->size() < r) a->resize(r);
+    if (c0.size() < bk) c0.resize(bk);
+    if (c1.size() < bk) c1.resize(bk);
     bad.reserve(bk);
   }
 };
@@ -93,67 +101,23 @@ inline bool all_finite(const float* data, index_t ld, index_t rows, index_t cols
   return total == 0.0f;
 }
 
-/// One softmax row of a tile: scores s[0, n) of the query at position q_pos against keys
-/// from position k_pos0, keys [vb, ve) allowed by the positional masks, `excluded` (if not
-/// null) marking keys the key mask removes. On return s holds the probabilities
-/// exp(x - m_new), 0 for masked keys; returns the factor by which the row's accumulated
-/// output must be rescaled.
-ALIBI_FORCEINLINE float softmax_row(float* s, index_t n, index_t vb, index_t ve, float scale,
-                                    float neg_slope, bool exact_bias, index_t shift, index_t q_pos,
-                                    index_t k_pos0, const bool* excluded, softmax_state& st) {
-  constexpr float neg_inf = -std::numeric_limits<float>::infinity();
-  std::fill(s, s + vb, 0.0f);
-  std::fill(s + std::max(vb, ve), s + n, 0.0f);
-  if (vb >= ve) return 1.0f;
-  float* x = s + vb;
-  const index_t len = ve - vb;
-  float mx;
-  if (exact_bias) {
-    // The distance of key vb, as an exact float (see kernel code for the 2^24 bound).
-    mx = score_row(x, len, scale, neg_slope, static_cast<float>(q_pos - (k_pos0 + vb)),
-                   static_cast<float>(shift));
-  } else {
-    mx = neg_inf;
-    for (index_t j = 0; j < len; ++j) {
-      x[j] = scale * x[j] + alibi_bias(-neg_slope, q_pos, k_pos0 + vb + j, shift);
-      mx = (x[j] > mx || x[j] != x[j]) ? x[j] : mx;
-    }
-  }
-  if (excluded) {
-    mx = neg_inf;
-    for (index_t j = 0; j < len; ++j) {
-      if (excluded[vb + j]) x[j] = neg_inf;
-      mx = (x[j] > mx || x[j] != x[j]) ? x[j] : mx;
-    }
-  }
-  // NaN scores must reach the output (E17): a NaN maximum is kept, never replaced by m.
-  const float m_new = (mx > st.m || mx != mx) ? mx : st.m;
-  if (m_new == neg_inf) {  // everything masked so far: nothing to accumulate
-    std::fill(x, x + len, 0.0f);
-    return 1.0f;
-  }
-  const float alpha = rescale_factor(st.m, m_new);
-  st.l = st.l * alpha + exp_row(x, len, m_new);
-  st.m = m_new;
-  return alpha;
-}
-
-/// The rows [i0, i1) of query head h of batch b against keys [kb, ke). final: writes out and
-/// logsumexp. Otherwise writes the unnormalized partial output and state to `partial_o`
-/// ((i1 - i0, Dv) rows) and `partial_state`.
+/// The rows [i0, i1) of query head h of batch b against keys [kb, ke). Without `partial_o`
+/// it writes out and logsumexp; with it, the unnormalized partial output rows (dense
+/// (i1 - i0, Dv)) and their softmax state, for merge_splits.
 inline void attend_tile(const attention_problem& p, const tensor_view<const float, 4>& q,
                         const tensor_view<const float, 4>& k, const tensor_view<const float, 4>& v,
                         const tensor_view<float, 4>& out, index_t b, index_t h, index_t i0,
                         index_t i1, index_t kb, index_t ke, float* partial_o,
                         softmax_state* partial_state, bool careful = false) {
   using cfg = kernel_config;
+  constexpr float neg_inf = -std::numeric_limits<float>::infinity();
   const index_t lq = p.len_q(b), dv = p.v_head_dim, d = p.head_dim, hk = p.kv_head(h);
   const bool final_pass = partial_o == nullptr;
   // Padded query rows produce zeros and logsumexp -inf.
   if (final_pass)
     for (index_t i = std::max(i0, lq); i < i1; ++i) {
       std::fill(out.ptr(b, h, i), out.ptr(b, h, i) + dv, 0.0f);
-      if (p.lse.data) p.lse(b, h, i) = -std::numeric_limits<float>::infinity();
+      if (p.lse.data) p.lse(b, h, i) = neg_inf;
     }
   const index_t n = std::min(i1, lq) - i0;
   if (n <= 0) return;
@@ -163,95 +127,144 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
   const index_t qo = p.q_offset(b), ko = p.k_offset(b);
   index_t ub = ke, ue = kb;  // union of the rows' key ranges
   for (index_t r = 0; r < n; ++r) {
-    index_range kr = p.key_range(b, i0 + r);
-    kr.begin = std::max(kr.begin, kb);
-    kr.end = std::min(kr.end, ke);
-    ws.keys[r] = kr;
+    const index_range kr = p.key_range(b, i0 + r);
+    // Positional key ranges are monotone in the row (both ends non-decreasing), which makes
+    // the valid rows of every key column contiguous.
+    ws.begin[r] = std::clamp(kr.begin, kb, ke);
+    ws.end[r] = std::clamp(kr.end, ws.begin[r], ke);
     ws.shift[r] = p.distance_shift(b, i0 + r);
-    ws.state[r] = softmax_state{};
-    if (!kr.empty()) {
-      ub = std::min(ub, kr.begin);
-      ue = std::max(ue, kr.end);
+    ws.shift_f[r] = static_cast<float>(ws.shift[r]);
+    ws.m_run[r] = neg_inf;
+    ws.l_run[r] = 0.0f;
+    if (ws.begin[r] < ws.end[r]) {
+      ub = std::min(ub, ws.begin[r]);
+      ue = std::max(ue, ws.end[r]);
     }
   }
-  const index_t ldo = padded_stride(dv);
-  rows_map o(ws.o.data(), n, dv, Eigen::OuterStride<>(ldo));  // (n, Dv)
+  const index_t ldo = padded_stride(workspace::rows);
+  cols_map o(ws.o.data(), n, dv, Eigen::OuterStride<>(ldo));  // (n, Dv) column-major
   o.setZero();
   const float slope = p.slope(b, h);
   const float neg_slope = -slope;
   const bool* key_mask_row = p.key_mask.data ? p.key_mask.ptr(b) : nullptr;
-  const bool key_mask_dense = key_mask_row == nullptr || p.key_mask.strides[1] == 1;
-  std::vector<char> excluded_buf;  // only for a strided key mask (rare)
 
   const_rows_map qm(q.ptr(b, h, i0), n, d, Eigen::OuterStride<>(q.strides[2]));  // (n, D)
   for (index_t j0 = ub; j0 < ue; j0 += cfg::block_k) {
     const index_t bk = std::min(cfg::block_k, ue - j0);
-    const_rows_map km(k.ptr(b, hk, j0), bk, d, Eigen::OuterStride<>(k.strides[2]));   // (bk, D)
-    const_rows_map vm(v.ptr(b, hk, j0), bk, dv, Eigen::OuterStride<>(v.strides[2]));  // (bk, Dv)
     // Only the rows whose key range meets this tile take part (causal and windowed tiles
     // on the diagonal band need a fraction of the rows).
     index_t ra = n, rb = 0;
-    for (index_t r = 0; r < n; ++r) {
-      const index_range kr = ws.keys[r];
-      if (kr.begin < j0 + bk && kr.end > j0 && !kr.empty()) {
+    for (index_t r = 0; r < n; ++r)
+      if (ws.begin[r] < j0 + bk && ws.end[r] > j0 && ws.begin[r] < ws.end[r]) {
         ra = std::min(ra, r);
         rb = r + 1;
       }
-    }
     if (ra >= rb) continue;
-    const index_t m = rb - ra;
-    const index_t lds = padded_stride(bk);
-    rows_map s(ws.s.data(), m, bk, Eigen::OuterStride<>(lds));  // (m, bk): rows ra..rb
-    auto o_act = o.middleRows(ra, m);                           // (m, Dv)
-    s.noalias() = qm.middleRows(ra, m) * km.transpose();
+    const index_t m = rb - ra, mp = packet_rows(m);
+    const_rows_map km(k.ptr(b, hk, j0), bk, d, Eigen::OuterStride<>(k.strides[2]));   // (bk, D)
+    const_rows_map vm(v.ptr(b, hk, j0), bk, dv, Eigen::OuterStride<>(v.strides[2]));  // (bk, Dv)
 
-    // Keys excluded by the key mask, and keys whose V row is not finite: P V through a GEMM
-    // would spread their NaN/Inf (0 * NaN = NaN) into rows that never attend to them.
-    const bool* excluded = nullptr;
-    if (key_mask_row) {
-      if (key_mask_dense) {
-        excluded = key_mask_row + j0;
-      } else {
-        excluded_buf.resize(static_cast<std::size_t>(bk));
-        for (index_t j = 0; j < bk; ++j) excluded_buf[j] = p.key_excluded(b, j0 + j);
-        excluded = reinterpret_cast<const bool*>(excluded_buf.data());
-      }
-    }
-    // Keys whose V row must not enter the GEMM: excluded keys (unused memory, may hold
-    // NaN) and, in careful mode, keys with a non-finite V row.
+    // Valid local rows of each key column; keys the key mask excludes get none.
     ws.bad.clear();
-    const bool v_finite = !careful || all_finite(vm.data(), v.strides[2], bk, dv);
-    if (excluded || !v_finite)
-      for (index_t j = 0; j < bk; ++j)
-        if ((excluded && excluded[j]) || (!v_finite && !all_finite(vm.row(j).data(), 0, 1, dv)))
-          ws.bad.push_back(j);
+    bool any_excluded = false;
+    for (index_t j = 0, lo = 0, hi = 0; j < bk; ++j) {
+      const index_t key = j0 + j;
+      while (lo < m && ws.end[ra + lo] <= key) ++lo;
+      while (hi < m && ws.begin[ra + hi] <= key) ++hi;
+      const bool excluded = key_mask_row && p.key_excluded(b, key);
+      any_excluded |= excluded;
+      ws.c0[j] = lo;
+      ws.c1[j] = excluded ? lo : std::max(lo, hi);
+      // Excluded keys are unused memory (they may hold NaN): their V rows stay out of P V.
+      if (excluded || (careful && !all_finite(vm.row(j).data(), 0, 1, dv))) ws.bad.push_back(j);
+    }
+    for (index_t t = 0; t < mp; ++t)
+      ws.base[ra + t] = t < m ? static_cast<float>(qo + i0 + ra + t - (ko + j0)) : 0.0f;
+    tile_geometry g;
+    g.rows = m;
+    g.cols = bk;
+    g.base = ws.base.data() + ra;
+    g.shift = ws.shift_f.data() + ra;
+    g.c0 = ws.c0.data();
+    g.c1 = ws.c1.data();
+    // Exact float distances need every |q_pos - k_pos| - shift of the tile below 2^24.
+    const index_t dmax = std::max(std::abs(qo + i0 + ra - (ko + j0 + bk - 1)),
+                                  std::abs(qo + i0 + rb - 1 - (ko + j0)));
+    const bool near = dmax < (index_t(1) << 24);
+    float* mx = ws.mx.data() + ra;
 
-    // Exact float distances need every |q_pos - k_pos| of the tile below 2^24.
-    const index_t dmax =
-        std::max(std::abs(qo + i0 - (ko + j0 + bk - 1)), std::abs(qo + i0 + n - 1 - (ko + j0)));
-    const bool exact_bias = dmax < (index_t(1) << 24);
-    for (index_t r = ra; r < rb; ++r) {
-      const index_range kr = ws.keys[r];
-      const index_t vb = std::clamp<index_t>(kr.begin - j0, 0, bk);
-      const index_t ve = std::clamp<index_t>(kr.end - j0, 0, bk);
-      const index_t q_pos = qo + i0 + r, k_pos0 = ko + j0;
-      const float alpha =
-          softmax_row(ws.s.data() + (r - ra) * lds, bk, vb, ve, p.scale, neg_slope, exact_bias,
-                      ws.shift[r], q_pos, k_pos0, excluded, ws.state[r]);
-      if (alpha != 1.0f) o.row(r) *= alpha;
-    }
-    if (ws.bad.empty()) {
-      o_act.noalias() += s * vm;
-    } else {
-      rows_map vc(ws.v.data(), bk, dv, Eigen::OuterStride<>(ldo));
-      vc = vm;
-      for (index_t j : ws.bad) vc.row(j).setZero();
-      o_act.noalias() += s * vc;
-      // A non-finite V row still reaches the rows that attend to it, exactly.
-      for (index_t j : ws.bad)
-        for (index_t r = 0; r < m; ++r)
-          if (s(r, j) != 0.0f) o_act.row(r) += s(r, j) * vm.row(j);
-    }
+    // The score tile is column-major (passes vectorized across query rows) unless it has
+    // fewer rows than a packet (decoding), where it is row-major and vectorized across keys.
+    const bool by_rows = m < lanes;
+    const index_t lds = by_rows ? padded_stride(cfg::block_k) : padded_stride(workspace::rows);
+    auto tile = [&](auto s) {  // s: (m, bk) scores of rows ra..rb, in either layout
+      s.noalias() = qm.middleRows(ra, m) * km.transpose();
+      if (!near) {
+        score_tile_far(s.data(), by_rows ? lds : 1, by_rows ? 1 : lds, g, p.scale, slope,
+                       qo + i0 + ra, ko + j0, ws.shift.data() + ra, mx);
+      } else if (!by_rows) {
+        score_tile(s.data(), lds, g, p.scale, neg_slope, mx);
+      } else {
+        for (index_t t = 0; t < m; ++t) {
+          float* x = s.data() + t * lds;
+          const index_t r = ra + t;
+          mx[t] = score_row(x, bk, std::clamp<index_t>(ws.begin[r] - j0, 0, bk),
+                            std::clamp<index_t>(ws.end[r] - j0, 0, bk), p.scale, neg_slope,
+                            ws.base[r], ws.shift_f[r]);
+          if (any_excluded) {
+            mx[t] = -std::numeric_limits<float>::infinity();
+            for (index_t j = 0; j < bk; ++j) {
+              if (ws.c0[j] == ws.c1[j]) x[j] = neg_inf;
+              mx[t] = (x[j] > mx[t] || x[j] != x[j]) ? x[j] : mx[t];
+            }
+          }
+        }
+      }
+
+      // Online softmax update of each row: new maximum, rescale factor, probabilities.
+      bool rescale = false;
+      for (index_t t = 0; t < mp; ++t) {
+        if (t >= m) {
+          ws.m_use[ra + t] = 0.0f;  // padding rows: exp(-inf - 0) = 0
+          continue;
+        }
+        const index_t r = ra + t;
+        const float m_old = ws.m_run[r];
+        // NaN scores must reach the output (E17): a NaN maximum is kept, never replaced.
+        const float m_new = (mx[t] > m_old || mx[t] != mx[t]) ? mx[t] : m_old;
+        // A row with every score so far masked uses 0 as its reference: exp(-inf - 0) = 0.
+        ws.m_use[r] = m_new == neg_inf ? 0.0f : m_new;
+        ws.alpha[r] = rescale_factor(m_old, m_new);
+        rescale |= ws.alpha[r] != 1.0f;
+        ws.m_run[r] = m_new;
+      }
+      if (by_rows)
+        for (index_t t = 0; t < m; ++t)
+          ws.lsum[ra + t] = exp_row(s.data() + t * lds, bk, ws.m_use[ra + t]);
+      else
+        exp_tile(s.data(), lds, m, bk, ws.m_use.data() + ra, ws.lsum.data() + ra);
+      for (index_t r = ra; r < rb; ++r) ws.l_run[r] = ws.l_run[r] * ws.alpha[r] + ws.lsum[r];
+
+      auto o_act = o.middleRows(ra, m);  // (m, Dv)
+      if (rescale)
+        o_act.array().colwise() *= Eigen::Map<const Eigen::ArrayXf>(ws.alpha.data() + ra, m);
+      if (ws.bad.empty()) {
+        o_act.noalias() += s * vm;
+      } else {
+        rows_map vc(ws.v.data(), bk, dv, Eigen::OuterStride<>(padded_stride(dv)));
+        vc = vm;
+        for (index_t j : ws.bad) vc.row(j).setZero();
+        o_act.noalias() += s * vc;
+        // A non-finite V row still reaches the rows that attend to it, exactly.
+        for (index_t j : ws.bad)
+          for (index_t t = 0; t < m; ++t)
+            if (s(t, j) != 0.0f) o_act.row(t) += s(t, j) * vm.row(j);
+      }
+    };
+    if (by_rows)
+      tile(rows_map(ws.s.data(), m, bk, Eigen::OuterStride<>(lds)));
+    else
+      tile(cols_map(ws.s.data(), m, bk, Eigen::OuterStride<>(lds)));
   }
 
   // P V through a GEMM multiplies masked probabilities (exact zeros) by every V row of the
@@ -259,19 +272,18 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
   // Checking every tile costs ~6%; instead a non-finite result, which finite inputs never
   // produce, sends the whole item through the careful path that keeps such rows out of
   // the GEMM and adds their contribution only where the probability is non-zero.
-  if (!careful && !all_finite(o.data(), ldo, n, dv)) {
+  if (!careful && !all_finite(o.data(), ldo, dv, n)) {
     attend_tile(p, q, k, v, out, b, h, i0, i1, kb, ke, partial_o, partial_state, true);
     return;
   }
   if (!final_pass) {
     rows_map(partial_o, n, dv, Eigen::OuterStride<>(dv)) = o;
-    std::copy(ws.state.begin(), ws.state.begin() + n, partial_state);
+    for (index_t r = 0; r < n; ++r) partial_state[r] = softmax_state{ws.m_run[r], ws.l_run[r]};
     return;
   }
   for (index_t r = 0; r < n; ++r) {
-    const softmax_state st = ws.state[r];
-    float* dst = out.ptr(b, h, i0 + r);
-    Eigen::Map<Eigen::RowVectorXf> orow(dst, dv);
+    const softmax_state st{ws.m_run[r], ws.l_run[r]};
+    Eigen::Map<Eigen::RowVectorXf> orow(out.ptr(b, h, i0 + r), dv);
     // A row with no allowed key (l = 0) gives 0, never 0/0.
     if (st.l > 0.0f || st.l != st.l)
       orow = o.row(r) / st.l;

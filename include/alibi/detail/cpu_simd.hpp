@@ -1,15 +1,22 @@
 // SPDX-License-Identifier: MIT
-// The per-row softmax loops of the fused CPU kernel, written with Eigen's packet primitives
-// so that they use the widest vectors Eigen was compiled for (16 floats with AVX-512),
-// whatever the compiler's auto-vectorization preferences. Each function has a scalar tail
-// that performs the same operations on one element.
+// The softmax passes of the fused CPU kernel over one score tile, written with Eigen's
+// packet primitives so that they use the widest vectors Eigen was compiled for (16 floats
+// with AVX-512) whatever the compiler's auto-vectorization preferences.
+//
+// The tile is column-major: column j holds the scores of key j for the tile's query rows,
+// so every per-row quantity (running max, sum, bias base) is a vector across rows and the
+// passes need no horizontal reductions. Rows are processed in whole packets: the row count
+// is padded to a multiple of the packet size and padding rows are masked to -inf.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include <Eigen/Core>
 
+#include "alibi/bias.hpp"
 #include "alibi/detail/online_softmax.hpp"
 #include "alibi/tensor_view.hpp"
 
@@ -19,6 +26,20 @@ namespace cpu {
 
 using packet = Eigen::internal::packet_traits<float>::type;
 constexpr int lanes = Eigen::internal::unpacket_traits<packet>::size;
+
+/// Rows rounded up to whole packets.
+inline index_t packet_rows(index_t m) { return (m + lanes - 1) / lanes * lanes; }
+
+/// The positional layout of one tile. Local row t is query row ra + t of the item; column j
+/// is key j0 + j. Valid rows of column j: [c0[j], c1[j]) (empty for an excluded key).
+struct tile_geometry {
+  index_t rows = 0;              // m, valid local rows
+  index_t cols = 0;              // bk
+  const float* base = nullptr;   // (rows) q_pos - k_pos of key 0, exact integers (< 2^24)
+  const float* shift = nullptr;  // (rows) the row's distance shift, exact integers
+  const index_t* c0 = nullptr;   // (cols)
+  const index_t* c1 = nullptr;   // (cols)
+};
 
 #if defined(EIGEN_VECTORIZE)
 using int_packet = typename Eigen::internal::unpacket_traits<packet>::integer_packet;
@@ -47,71 +68,187 @@ ALIBI_FORCEINLINE packet exp_flush_packet(const packet& x) {
   const packet y = ei::pmul(p, ei::preinterpret<packet>(e));
   return ei::pselect(ei::pcmp_lt(x, threshold), ei::pzero(x), y);
 }
-#endif
 
-/// s[j] = scale * s[j] + neg_slope * (|base - j| - shift) for j in [0, n); returns the max.
-/// base and shift are integers below 2^24, so each distance is exact (see alibi_bias).
-ALIBI_FORCEINLINE float score_row(float* s, index_t n, float scale, float neg_slope, float base,
-                                  float shift) {
-  float mx = -std::numeric_limits<float>::infinity();
-  index_t j = 0;
-#if defined(EIGEN_VECTORIZE)
+/// Pass 1: x(t, j) = scale * s(t, j) + neg_slope * (|base_t - j| - shift_t) on valid rows,
+/// -inf elsewhere; mx[t] = max over j. s is column-major with column stride lds and at
+/// least packet_rows(rows) rows.
+inline void score_tile(float* s, index_t lds, const tile_geometry& g, float scale, float neg_slope,
+                       float* mx) {
   namespace ei = Eigen::internal;
-  if (n >= lanes) {
-    const packet vscale = ei::pset1<packet>(scale), vslope = ei::pset1<packet>(neg_slope),
-                 vshift = ei::pset1<packet>(shift), vbase = ei::pset1<packet>(base);
-    packet vj = ei::plset<packet>(0.0f);
-    const packet step = ei::pset1<packet>(static_cast<float>(lanes));
-    packet vmax = ei::pset1<packet>(mx);
-    for (; j + lanes <= n; j += lanes) {
-      const packet dist = ei::psub(ei::pabs(ei::psub(vbase, vj)), vshift);
-      const packet x = ei::pmadd(vscale, ei::ploadu<packet>(s + j), ei::pmul(vslope, dist));
-      ei::pstoreu(s + j, x);
+  const packet vscale = ei::pset1<packet>(scale), vslope = ei::pset1<packet>(neg_slope);
+  const packet neg_inf = ei::pset1<packet>(-std::numeric_limits<float>::infinity());
+  const index_t mp = packet_rows(g.rows);
+  for (index_t t0 = 0; t0 < mp; t0 += lanes) {
+    // Padding rows (t >= rows) read base/shift of 0 through the masked load below.
+    const packet base = ei::ploadu<packet>(g.base + t0), shift = ei::ploadu<packet>(g.shift + t0);
+    const packet rows = ei::plset<packet>(static_cast<float>(t0));
+    packet vmax = neg_inf;
+    for (index_t j = 0; j < g.cols; ++j) {
+      float* col = s + j * lds + t0;
+      const index_t c0 = g.c0[j], c1 = g.c1[j];
+      if (c1 <= t0 || c0 >= t0 + lanes || c0 >= c1) {
+        ei::pstoreu(col, neg_inf);
+        continue;
+      }
+      const packet dist =
+          ei::psub(ei::pabs(ei::psub(base, ei::pset1<packet>(static_cast<float>(j)))), shift);
+      packet x = ei::pmadd(vscale, ei::ploadu<packet>(col), ei::pmul(vslope, dist));
+      if (c0 > t0 || c1 < t0 + lanes) {
+        const packet valid = ei::pand(ei::pcmp_le(ei::pset1<packet>(static_cast<float>(c0)), rows),
+                                      ei::pcmp_lt(rows, ei::pset1<packet>(static_cast<float>(c1))));
+        x = ei::pselect(valid, x, neg_inf);
+      }
+      ei::pstoreu(col, x);
       vmax = ei::pmax(x, vmax);
-      vj = ei::padd(vj, step);
     }
-    mx = ei::predux_max(vmax);
+    ei::pstoreu(mx + t0, vmax);
   }
-#endif
-  for (; j < n; ++j) {
-    const float dist = std::fabs(base - static_cast<float>(j)) - shift;
-    const float x = scale * s[j] + neg_slope * dist;
-    s[j] = x;
-    mx = (x > mx || x != x) ? x : mx;
+}
+
+/// Pass 2: p(t, j) = exp_flush(x(t, j) - m_use[t]) in place; lsum[t] = sum over j.
+inline void exp_tile(float* s, index_t lds, index_t rows, index_t cols, const float* m_use,
+                     float* lsum) {
+  namespace ei = Eigen::internal;
+  const index_t mp = packet_rows(rows);
+  for (index_t t0 = 0; t0 < mp; t0 += lanes) {
+    const packet m = ei::ploadu<packet>(m_use + t0);
+    packet acc0 = ei::pzero(m), acc1 = acc0;
+    index_t j = 0;
+    for (; j + 2 <= cols; j += 2) {
+      float* c0 = s + j * lds + t0;
+      float* c1 = c0 + lds;
+      const packet p0 = exp_flush_packet(ei::psub(ei::ploadu<packet>(c0), m));
+      const packet p1 = exp_flush_packet(ei::psub(ei::ploadu<packet>(c1), m));
+      ei::pstoreu(c0, p0);
+      ei::pstoreu(c1, p1);
+      acc0 = ei::padd(acc0, p0);
+      acc1 = ei::padd(acc1, p1);
+    }
+    for (; j < cols; ++j) {
+      float* c0 = s + j * lds + t0;
+      const packet p0 = exp_flush_packet(ei::psub(ei::ploadu<packet>(c0), m));
+      ei::pstoreu(c0, p0);
+      acc0 = ei::padd(acc0, p0);
+    }
+    ei::pstoreu(lsum + t0, ei::padd(acc0, acc1));
+  }
+}
+
+/// Row layout, for tiles of fewer rows than a packet (decoding): one query row x[0, n) of
+/// keys, vectorized across keys. x[j] = scale * x[j] + neg_slope * (|base - j| - shift) for
+/// j in [vb, ve), -inf elsewhere; returns the row maximum.
+inline float score_row(float* x, index_t n, index_t vb, index_t ve, float scale, float neg_slope,
+                       float base, float shift) {
+  namespace ei = Eigen::internal;
+  constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+  std::fill(x, x + vb, neg_inf);
+  std::fill(x + ve, x + n, neg_inf);
+  const packet vscale = ei::pset1<packet>(scale), vslope = ei::pset1<packet>(neg_slope);
+  const packet vshift = ei::pset1<packet>(shift), vbase = ei::pset1<packet>(base);
+  packet vmax = ei::pset1<packet>(neg_inf);
+  index_t j = vb;
+  for (; j + lanes <= ve; j += lanes) {
+    const packet dist =
+        ei::psub(ei::pabs(ei::psub(vbase, ei::plset<packet>(static_cast<float>(j)))), vshift);
+    const packet v = ei::pmadd(vscale, ei::ploadu<packet>(x + j), ei::pmul(vslope, dist));
+    ei::pstoreu(x + j, v);
+    vmax = ei::pmax(v, vmax);
+  }
+  float mx = ei::predux_max(vmax);
+  for (; j < ve; ++j) {
+    x[j] = scale * x[j] + neg_slope * (std::fabs(base - static_cast<float>(j)) - shift);
+    mx = (x[j] > mx || x[j] != x[j]) ? x[j] : mx;
   }
   return mx;
 }
 
-/// s[j] = exp_flush(s[j] - m) for j in [0, n); returns the sum.
-ALIBI_FORCEINLINE float exp_row(float* s, index_t n, float m) {
-  float sum = 0.0f;
-  index_t j = 0;
-#if defined(EIGEN_VECTORIZE)
+/// Row layout: x[j] = exp_flush(x[j] - m) for j in [0, n); returns the sum.
+inline float exp_row(float* x, index_t n, float m) {
   namespace ei = Eigen::internal;
-  if (n >= lanes) {
-    const packet vm = ei::pset1<packet>(m);
-    packet acc0 = ei::pset1<packet>(0.0f), acc1 = acc0;
-    for (; j + 2 * lanes <= n; j += 2 * lanes) {
-      const packet p0 = exp_flush_packet(ei::psub(ei::ploadu<packet>(s + j), vm));
-      const packet p1 = exp_flush_packet(ei::psub(ei::ploadu<packet>(s + j + lanes), vm));
-      ei::pstoreu(s + j, p0);
-      ei::pstoreu(s + j + lanes, p1);
-      acc0 = ei::padd(acc0, p0);
-      acc1 = ei::padd(acc1, p1);
-    }
-    for (; j + lanes <= n; j += lanes) {
-      const packet p0 = exp_flush_packet(ei::psub(ei::ploadu<packet>(s + j), vm));
-      ei::pstoreu(s + j, p0);
-      acc0 = ei::padd(acc0, p0);
-    }
-    sum = ei::predux(ei::padd(acc0, acc1));
+  const packet vm = ei::pset1<packet>(m);
+  packet acc = ei::pzero(vm);
+  index_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    const packet p = exp_flush_packet(ei::psub(ei::ploadu<packet>(x + j), vm));
+    ei::pstoreu(x + j, p);
+    acc = ei::padd(acc, p);
   }
-#endif
-  for (; j < n; ++j) {
-    s[j] = exp_flush(s[j] - m);
-    sum += s[j];
-  }
+  float sum = ei::predux(acc);
+  for (; j < n; ++j) sum += (x[j] = exp_flush(x[j] - m));
   return sum;
+}
+
+#else  // no SIMD: the same passes one element at a time
+
+inline void score_tile(float* s, index_t lds, const tile_geometry& g, float scale, float neg_slope,
+                       float* mx) {
+  constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+  for (index_t t = 0; t < g.rows; ++t) mx[t] = neg_inf;
+  for (index_t j = 0; j < g.cols; ++j)
+    for (index_t t = 0; t < g.rows; ++t) {
+      float& x = s[j * lds + t];
+      if (t < g.c0[j] || t >= g.c1[j]) {
+        x = neg_inf;
+        continue;
+      }
+      x = scale * x + neg_slope * (std::fabs(g.base[t] - static_cast<float>(j)) - g.shift[t]);
+      mx[t] = (x > mx[t] || x != x) ? x : mx[t];
+    }
+}
+
+inline void exp_tile(float* s, index_t lds, index_t rows, index_t cols, const float* m_use,
+                     float* lsum) {
+  for (index_t t = 0; t < rows; ++t) lsum[t] = 0.0f;
+  for (index_t j = 0; j < cols; ++j)
+    for (index_t t = 0; t < rows; ++t) {
+      float& x = s[j * lds + t];
+      x = exp_flush(x - m_use[t]);
+      lsum[t] += x;
+    }
+}
+
+inline float score_row(float* x, index_t n, index_t vb, index_t ve, float scale, float neg_slope,
+                       float base, float shift) {
+  constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+  float mx = neg_inf;
+  for (index_t j = 0; j < n; ++j) {
+    if (j < vb || j >= ve) {
+      x[j] = neg_inf;
+      continue;
+    }
+    x[j] = scale * x[j] + neg_slope * (std::fabs(base - static_cast<float>(j)) - shift);
+    mx = (x[j] > mx || x[j] != x[j]) ? x[j] : mx;
+  }
+  return mx;
+}
+
+inline float exp_row(float* x, index_t n, float m) {
+  float sum = 0.0f;
+  for (index_t j = 0; j < n; ++j) sum += (x[j] = exp_flush(x[j] - m));
+  return sum;
+}
+
+#endif
+
+/// Pass 1 for tiles whose distances reach 2^24 (positions far apart): the bias per element
+/// from the 64-bit distance. Rare; scalar.
+/// Element (t, j) is s[t * row_stride + j * col_stride], so it serves both layouts.
+inline void score_tile_far(float* s, index_t row_stride, index_t col_stride, const tile_geometry& g,
+                           float scale, float slope, index_t q_pos0, index_t k_pos0,
+                           const index_t* shift, float* mx) {
+  constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+  const index_t mp = packet_rows(g.rows);
+  for (index_t t = 0; t < mp; ++t) mx[t] = neg_inf;
+  for (index_t j = 0; j < g.cols; ++j)
+    for (index_t t = 0; t < mp; ++t) {
+      float& x = s[t * row_stride + j * col_stride];
+      if (t < g.c0[j] || t >= g.c1[j]) {
+        x = neg_inf;
+        continue;
+      }
+      x = scale * x + alibi_bias(slope, q_pos0 + t, k_pos0 + j, shift[t]);
+      mx[t] = (x > mx[t] || x != x) ? x : mx[t];
+    }
 }
 
 }  // namespace cpu
