@@ -101,3 +101,21 @@ TEST_CASE("bias with ALiBi disabled and caller slopes", "[bias]") {
   CHECK(u(0, 0, 2) == -0.25f);  // query 0 at position 1, key 2
   CHECK(u(1, 1, 0) == -4.0f);   // queries at positions 1, 2
 }
+
+TEST_CASE("Eigen adapters round-trip and reject strided views", "[bias][eigen]") {
+  Eigen::Tensor<float, 3, Eigen::RowMajor> t(2, 3, 4);
+  t.setRandom();
+  const auto view = alibi::from_eigen(t);
+  CHECK(view.extent(0) == 2);
+  CHECK(view.stride(0) == 12);
+  CHECK(view(1, 2, 3) == t(1, 2, 3));
+  const auto cview =
+      alibi::from_eigen(static_cast<const Eigen::Tensor<float, 3, Eigen::RowMajor>&>(t));
+  const auto back = alibi::to_eigen(cview);  // a const map over the same data
+  CHECK(back(1, 0, 2) == t(1, 0, 2));
+  auto strided = alibi::from_eigen(t);
+  strided.extents[2] = 2;  // every other column: not dense
+  strided.strides[2] = 2;
+  CHECK_THROWS_WITH(alibi::to_eigen(strided),
+                    Catch::Contains("must be dense row-major; stride(2) is 2, expected 1"));
+}

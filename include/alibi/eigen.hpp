@@ -47,10 +47,17 @@ tensor_view<const T, R> from_eigen(const Eigen::Tensor<T, R, Eigen::RowMajor>& t
   return v;
 }
 
+/// The Eigen::TensorMap type over a view of T (const T maps a const tensor).
+template <class T, int R>
+using eigen_map_t = std::conditional_t<
+    std::is_const<T>::value,
+    Eigen::TensorMap<const Eigen::Tensor<std::remove_const_t<T>, R, Eigen::RowMajor>>,
+    Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>>>;
+
 /// An Eigen::TensorMap over a view. TensorMap has no strides, so the view must be dense
 /// row-major; anything else is an alibi::error.
 template <class T, int R>
-Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>> to_eigen(tensor_view<T, R> v) {
+eigen_map_t<T, R> to_eigen(tensor_view<T, R> v) {
   index_t s = 1;
   for (int d = R - 1; d >= 0; --d) {
     if (v.extents[d] > 1 && v.strides[d] != s)
@@ -61,7 +68,7 @@ Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>> to_eigen(tensor_view<T, R
   }
   Eigen::array<Eigen::Index, R> dims;
   for (int d = 0; d < R; ++d) dims[d] = static_cast<Eigen::Index>(v.extents[d]);
-  return Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>>(v.data, dims);
+  return eigen_map_t<T, R>(v.data, dims);
 }
 
 /// The (heads, q_len, k_len) bias of batch entry 0 of `params` (see fill_bias): for a
