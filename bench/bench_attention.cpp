@@ -26,6 +26,7 @@ void BM_fused(benchmark::State& state) {
   alibi_bench::inputs in(16, len, len, d);
   alibi::attention_params p;
   p.mask.causal = causal;
+  p.skip_far_tiles = false;  // the dense kernel; BM_far_tiles measures the skipping
   const alibi::backend::eigen be{threads};
   for (auto _ : state) {
     alibi::attention(be, in.qv(), in.kv(), in.vv(), in.ov(), p);
@@ -54,13 +55,14 @@ void BM_sgemm_1024(benchmark::State& state) {
   state.counters["GFLOP/s"] = alibi_bench::sgemm_gflops(threads);
 }
 
-// Args: k_len, threads. One query token against a long KV cache (16 heads, D 128).
+// Args: k_len, threads, skip. One query token against a long KV cache (16 heads, D 128).
 void BM_decode(benchmark::State& state) {
   const index_t lk = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   alibi_bench::inputs in(16, 1, lk, 128);
   alibi::attention_params p;
   p.mask.causal = true;
+  p.skip_far_tiles = state.range(2) != 0;
   const alibi::backend::eigen be{threads};
   for (auto _ : state) {
     alibi::attention(be, in.qv(), in.kv(), in.vv(), in.ov(), p);
@@ -68,6 +70,29 @@ void BM_decode(benchmark::State& state) {
   }
   state.counters["KV_GB/s"] = benchmark::Counter(2.0 * 16 * lk * 128 * 4 / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: length, skip (0/1), threads. H = 16 (slopes 2^-0.5 .. 2^-8), D = 64, causal: the
+// far-tile bound on and off in the same run. Counters: GFLOP/s of the causal work the
+// kernel is asked for, and the fraction of key tiles skipped.
+void BM_far_tiles(benchmark::State& state) {
+  const index_t len = state.range(0);
+  const bool skip = state.range(1) != 0;
+  const int threads = static_cast<int>(state.range(2));
+  alibi_bench::inputs in(16, len, len, 64);
+  alibi::attention_params p;
+  p.mask.causal = true;
+  p.skip_far_tiles = skip;
+  alibi::attention_stats stats;
+  p.stats = &stats;
+  const alibi::backend::eigen be{threads};
+  for (auto _ : state) {
+    alibi::attention(be, in.qv(), in.kv(), in.vv(), in.ov(), p);
+    benchmark::DoNotOptimize(in.out.data());
+  }
+  set_counters(state, alibi_bench::attention_flops(16, len, len, 64, true), threads);
+  state.counters["skipped"] = static_cast<double>(stats.tiles_skipped) /
+                              static_cast<double>(stats.tiles_skipped + stats.tiles_computed);
 }
 
 void attention_args(benchmark::internal::Benchmark* b, index_t max_len) {
@@ -82,9 +107,12 @@ BENCHMARK(BM_sgemm_1024)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_fused)->Apply([](benchmark::internal::Benchmark* b) { attention_args(b, 8192); });
 // The seed algorithm's L x L score and bias buffers reach 512 MiB per thread at 8192.
 BENCHMARK(BM_seed_fp32)->Apply([](benchmark::internal::Benchmark* b) { attention_args(b, 8192); });
+BENCHMARK(BM_far_tiles)
+    ->ArgsProduct({{2048, 8192, 32768}, {0, 1}, {2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_decode)
-    ->Args({32768, 1})
-    ->Args({32768, 2})
+    ->ArgsProduct({{32768}, {1, 2}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -1,10 +1,26 @@
 #!/usr/bin/env bash
-# The README's test command: installs missing packages, configures a Release build (with the
-# CUDA targets when nvcc is found), builds everything and runs every test with ctest.
+# The README's test command: installs missing packages, then
+#   1. builds the unit tests and the fuzzer with AddressSanitizer and UndefinedBehaviorSanitizer
+#      (Debug) and runs them, 200 fuzz seeds (skip with ALIBI_SANITIZE_TESTS=0);
+#   2. builds every target in Release (with the CUDA targets when nvcc is found) and runs every
+#      ctest test: unit, consumer, example and fuzz (1,000 seeds) tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+jobs=$(nproc)
 build=${ALIBI_BUILD_DIR:-build}
+
+if [ "${ALIBI_SANITIZE_TESTS:-1}" != 0 ]; then
+  asan=${build}-asan
+  cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DALIBI_SANITIZE=ON \
+    -DALIBI_BUILD_BENCHMARKS=OFF -DALIBI_BUILD_EXAMPLES=OFF -DALIBI_CUDA=OFF
+  cmake --build "$asan" --parallel "$jobs" --target alibi_tests alibi_fuzz
+  echo "== sanitizers: unit tests"
+  "$asan/tests/alibi_tests"
+  echo "== sanitizers: fuzz seeds 0-199"
+  "$asan/tests/alibi_fuzz" 0 200
+fi
+
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
-cmake --build "$build" --parallel "$(nproc)"
-ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)"
+cmake --build "$build" --parallel "$jobs"
+ctest --test-dir "$build" --output-on-failure --parallel "$jobs"

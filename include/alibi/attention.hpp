@@ -19,6 +19,12 @@
 
 namespace alibi {
 
+/// Counters of the work a fused backend did in one call (optional output).
+struct attention_stats {
+  std::int64_t tiles_computed = 0;  // key tiles whose scores were computed
+  std::int64_t tiles_skipped = 0;   // key tiles skipped by the far-tile bound
+};
+
 /// Everything about an attention call except the four tensors. Tensors are viewed as
 /// q (batch, q_heads, q_len, head_dim), k (batch, kv_heads, k_len, head_dim),
 /// v (batch, kv_heads, k_len, v_head_dim), out (batch, q_heads, q_len, v_head_dim), with
@@ -47,6 +53,13 @@ struct attention_params {
   /// Optional output (batch, q_heads, q_len): natural-log logsumexp of each row's scores
   /// over its unmasked keys; -inf for fully masked rows and padded query rows.
   tensor_view<float, 3> logsumexp{};
+  /// Skip key tiles that ALiBi makes negligible: a tile is skipped only when a bound on the
+  /// total softmax weight of it and every farther tile is below 2^-25 of the row's running
+  /// normalizer, so the output changes by less than 2^-24 max|v| (fp32 rounding). See the
+  /// README for the bound. false computes every tile.
+  bool skip_far_tiles = true;
+  /// Optional: counters of the tiles computed and skipped (fused CPU backend).
+  attention_stats* stats = nullptr;
 };
 
 namespace detail {
@@ -61,6 +74,8 @@ struct attention_problem {
   tensor_view<const index_t, 1> q_lengths{}, k_lengths{}, q_offsets{}, k_offsets{};
   tensor_view<const bool, 2> key_mask{};
   tensor_view<float, 3> lse{};
+  bool skip_far_tiles = true;
+  attention_stats* stats = nullptr;
 
   ALIBI_HOST_DEVICE index_t len_q(index_t b) const { return q_lengths.data ? q_lengths(b) : q_len; }
   ALIBI_HOST_DEVICE index_t len_k(index_t b) const { return k_lengths.data ? k_lengths(b) : k_len; }
@@ -154,11 +169,14 @@ template <class T, int R>
 status check_optional(const char* fn, const char* name, const tensor_view<T, R>& v,
                       const index_t (&expected)[R], const char* expected_text) {
   if (v.data == nullptr) {
-    for (int d = 0; d < R; ++d)
-      if (v.extents[d] != 0)
-        return status::failure(std::string(fn) + ": " + name + ".data is null but " + name +
-                               " has a non-zero extent; leave it default-constructed to omit it");
-    return {};
+    // Default-constructed (all extents 0) means omitted; an empty view of the expected
+    // shape (e.g. q_len = 0) is fine too. A null view with elements is an error.
+    bool all_zero = true;
+    for (int d = 0; d < R; ++d) all_zero = all_zero && v.extents[d] == 0;
+    if (all_zero) return {};
+    if (v.size() != 0)
+      return status::failure(std::string(fn) + ": " + name + ".data is null but " + name + " has " +
+                             str(v.size()) + " elements; leave it default-constructed to omit it");
   }
   for (int d = 0; d < R; ++d)
     if (v.extents[d] != expected[d])
@@ -271,6 +289,8 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
   prob.k_offsets = p.k_offsets;
   prob.key_mask = p.key_mask;
   prob.lse = p.logsumexp;
+  prob.skip_far_tiles = p.skip_far_tiles;
+  prob.stats = p.stats;
 
   if (host_values) {
     // Positions are formed as offset + index in int64; keep them far from overflow.

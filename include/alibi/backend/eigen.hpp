@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -57,7 +58,7 @@ struct workspace {
   aligned_vector<float> o;  // (rows, Dv) column-major: unnormalized output
   aligned_vector<float> v;  // (block_k, padded Dv) a V tile with unusable rows zeroed
   // Per query row of the item (rows):
-  aligned_vector<float> base, shift_f, m_run, l_run, mx, m_use, alpha, lsum;
+  aligned_vector<float> base, shift_f, m_run, l_run, mx, m_use, alpha, lsum, qnorm;
   std::vector<index_t> shift, begin, end;
   // Per key of the tile (block_k): valid local rows [c0, c1).
   std::vector<index_t> c0, c1;
@@ -70,7 +71,7 @@ struct workspace {
     if (s.size() < r * bk) s.resize(r * bk);
     if (o.size() < r * d) o.resize(r * d);
     if (v.size() < bk * d) v.resize(bk * d);
-    for (auto* a : {&base, &shift_f, &m_run, &l_run, &mx, &m_use, &alpha, &lsum})
+    for (auto* a : {&base, &shift_f, &m_run, &l_run, &mx, &m_use, &alpha, &lsum, &qnorm})
       if (a->size() < r) a->assign(r, 0.0f);
     for (auto* a : {&shift, &begin, &end})
       if (a->size() < r) a->resize(r);
@@ -101,6 +102,27 @@ inline bool all_finite(const float* data, index_t ld, index_t rows, index_t cols
   return total == 0.0f;
 }
 
+/// Adds one work item's counts to the caller's counters.
+inline void add_stats(attention_stats* stats, index_t computed, index_t skipped) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  stats->tiles_computed += computed;
+  stats->tiles_skipped += skipped;
+}
+
+/// Upper bounds on key norms for the far-tile bound: for one (batch, kv head), over the key
+/// grid tiles [t * block_k, (t + 1) * block_k), prefix[t] = max |k_j| for j < (t + 1) *
+/// block_k and suffix[t] = max |k_j| for j >= t * block_k. Null when skipping is off.
+struct key_norms {
+  const float* prefix = nullptr;
+  const float* suffix = nullptr;
+};
+
+/// Natural log of the far-tile threshold: the skipped weight stays below 2^-25 of the
+/// row's running normalizer, so the output moves by less than 2^-24 max|v| (half an fp32
+/// ulp of a unit output) even counting the bound's own fp32 slack.
+constexpr double skip_log_epsilon = -25 * 0.69314718055994531;
+
 /// The rows [i0, i1) of query head h of batch b against keys [kb, ke). Without `partial_o`
 /// it writes out and logsumexp; with it, the unnormalized partial output rows (dense
 /// (i1 - i0, Dv)) and their softmax state, for merge_splits.
@@ -108,7 +130,7 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
                         const tensor_view<const float, 4>& k, const tensor_view<const float, 4>& v,
                         const tensor_view<float, 4>& out, index_t b, index_t h, index_t i0,
                         index_t i1, index_t kb, index_t ke, float* partial_o,
-                        softmax_state* partial_state, bool careful = false) {
+                        softmax_state* partial_state, key_norms norms, bool careful = false) {
   using cfg = kernel_config;
   constexpr float neg_inf = -std::numeric_limits<float>::infinity();
   const index_t lq = p.len_q(b), dv = p.v_head_dim, d = p.head_dim, hk = p.kv_head(h);
@@ -149,7 +171,49 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
   const bool* key_mask_row = p.key_mask.data ? p.key_mask.ptr(b) : nullptr;
 
   const_rows_map qm(q.ptr(b, h, i0), n, d, Eigen::OuterStride<>(q.strides[2]));  // (n, D)
-  for (index_t j0 = ub; j0 < ue; j0 += cfg::block_k) {
+  const bool skipping = norms.prefix != nullptr && slope > 0.0f && std::isfinite(slope);
+  if (skipping)
+    for (index_t r = 0; r < n; ++r)
+      ws.qnorm[r] = static_cast<float>(qm.row(r).cast<double>().norm() * (1 + 1e-6));
+  // Far-tile bound (ALiBi-specific). Every score of row r against a key at distance dist
+  // is at most c_r - slope * (dist - shift_r), with c_r = |scale| |q_r| max|k| (Cauchy-
+  // Schwarz). Remaining keys on one side of the row, nearest at distance dn >= 0, have
+  // distinct distances dn, dn + 1, ..., so their total weight exp(score - m_r) is at most
+  // exp(c_r - slope (dn - shift_r) - m_r) / (1 - exp(-slope)). When that is below
+  // 2^-25 l_r (l_r: the row's running normalizer relative to its running max m_r, a lower
+  // bound on the final one) for every row, the remaining tiles on that side are skipped.
+  const double log_geo = -std::log(-std::expm1(-static_cast<double>(slope)));
+  auto negligible = [&](index_t r, index_t dn, float kmax) {
+    const double m = ws.m_run[r], l = ws.l_run[r];
+    if (!(l > 0.0) || !std::isfinite(m)) return false;
+    const double c = std::fabs(static_cast<double>(p.scale)) * ws.qnorm[r] * kmax;
+    const double log_bound = c - slope * static_cast<double>(dn - ws.shift[r]) + log_geo - m;
+    return log_bound <= skip_log_epsilon + std::log(l);  // false for NaN
+  };
+  // Keys [ub, x) remain on the left.
+  auto skip_left = [&](index_t x) {
+    const float kmax = norms.prefix[(x - 1) / cfg::block_k];
+    for (index_t r = 0; r < n; ++r) {
+      const index_t last = std::min(x, ws.end[r]) - 1;
+      if (last < ws.begin[r]) continue;  // the row has no key there
+      const index_t dn = qo + i0 + r - (ko + last);
+      if (dn < 0 || !negligible(r, dn, kmax)) return false;
+    }
+    return true;
+  };
+  // Keys [x, ue) remain on the right.
+  auto skip_right = [&](index_t x) {
+    const float kmax = norms.suffix[x / cfg::block_k];
+    for (index_t r = 0; r < n; ++r) {
+      const index_t first = std::max(x, ws.begin[r]);
+      if (first >= ws.end[r]) continue;
+      const index_t dn = ko + first - (qo + i0 + r);
+      if (dn < 0 || !negligible(r, dn, kmax)) return false;
+    }
+    return true;
+  };
+  index_t tiles_done = 0;
+  auto process_tile = [&](index_t j0) {
     const index_t bk = std::min(cfg::block_k, ue - j0);
     // Only the rows whose key range meets this tile take part (causal and windowed tiles
     // on the diagonal band need a fraction of the rows).
@@ -159,7 +223,8 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
         ra = std::min(ra, r);
         rb = r + 1;
       }
-    if (ra >= rb) continue;
+    if (ra >= rb) return;
+    ++tiles_done;
     const index_t m = rb - ra, mp = packet_rows(m);
     const_rows_map km(k.ptr(b, hk, j0), bk, d, Eigen::OuterStride<>(k.strides[2]));   // (bk, D)
     const_rows_map vm(v.ptr(b, hk, j0), bk, dv, Eigen::OuterStride<>(v.strides[2]));  // (bk, Dv)
@@ -265,7 +330,32 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
       tile(rows_map(ws.s.data(), m, bk, Eigen::OuterStride<>(lds)));
     else
       tile(cols_map(ws.s.data(), m, bk, Eigen::OuterStride<>(lds)));
+  };
+
+  // Key tiles nearest-first: the tile holding the key nearest the middle row, then outward
+  // to the left, then to the right, so that the running maxima are good before the bound
+  // is consulted.
+  index_t tiles_skipped = 0;
+  if (ub < ue) {
+    const index_t ntiles = (ue - ub + cfg::block_k - 1) / cfg::block_k;
+    const index_t center =
+        std::clamp<index_t>(qo + i0 + n / 2 - ko - ub, 0, ue - ub - 1) / cfg::block_k;
+    for (index_t t = center; t >= 0; --t) {
+      if (skipping && t < center && skip_left(std::min(ue, ub + (t + 1) * cfg::block_k))) {
+        tiles_skipped += t + 1;
+        break;
+      }
+      process_tile(ub + t * cfg::block_k);
+    }
+    for (index_t t = center + 1; t < ntiles; ++t) {
+      if (skipping && skip_right(ub + t * cfg::block_k)) {
+        tiles_skipped += ntiles - t;
+        break;
+      }
+      process_tile(ub + t * cfg::block_k);
+    }
   }
+  if (p.stats && !careful) add_stats(p.stats, tiles_done, tiles_skipped);
 
   // P V through a GEMM multiplies masked probabilities (exact zeros) by every V row of the
   // tile, so a non-finite V row would reach rows that never attend to it (0 * NaN = NaN).
@@ -273,7 +363,7 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
   // produce, sends the whole item through the careful path that keeps such rows out of
   // the GEMM and adds their contribution only where the probability is non-zero.
   if (!careful && !all_finite(o.data(), ldo, dv, n)) {
-    attend_tile(p, q, k, v, out, b, h, i0, i1, kb, ke, partial_o, partial_state, true);
+    attend_tile(p, q, k, v, out, b, h, i0, i1, kb, ke, partial_o, partial_state, norms, true);
     return;
   }
   if (!final_pass) {
@@ -347,12 +437,56 @@ inline void run(int threads, const attention_problem& p, const tensor_view<const
     h = bh % p.q_heads;
   };
   const int nthreads = resolve_threads(threads);
+
+  // Key-norm bounds for far-tile skipping: one pass over K (B * Hkv * Lk * D), small next
+  // to the attention itself. Keys past the length or excluded by the key mask are unused
+  // memory and are not read.
+  const index_t grid = (p.k_len + cfg::block_k - 1) / cfg::block_k;
+  thread_local std::vector<float> prefix_buf, suffix_buf;  // (B, Hkv, grid) each
+  std::vector<float>& prefix = prefix_buf;
+  std::vector<float>& suffix = suffix_buf;
+  const bool skipping = p.skip_far_tiles && p.slopes.enabled && grid > 1;
+  if (skipping) {
+    prefix.assign(static_cast<std::size_t>(p.batch * p.kv_heads * grid), 0.0f);
+    suffix.assign(prefix.size(), 0.0f);
+    parallel_for(nthreads, p.batch * p.kv_heads, [&](index_t bh) {
+      const index_t b = bh / p.kv_heads, hk = bh % p.kv_heads, lk = p.len_k(b);
+      float* pre = prefix.data() + bh * grid;
+      float* suf = suffix.data() + bh * grid;
+      for (index_t t = 0; t < grid; ++t) {
+        double worst = 0.0;
+        for (index_t j = t * cfg::block_k; j < std::min(lk, (t + 1) * cfg::block_k); ++j) {
+          if (p.key_excluded(b, j)) continue;
+          const double nrm = Eigen::Map<const Eigen::RowVectorXf>(k.ptr(b, hk, j), p.head_dim)
+                                 .cast<double>()
+                                 .norm();
+          worst = nrm > worst || nrm != nrm ? nrm : worst;  // NaN disables skipping
+        }
+        // Rounded up: the bound must never fall below a true norm.
+        pre[t] = suf[t] = static_cast<float>(worst * (1 + 1e-6));
+      }
+      for (index_t t = 1; t < grid; ++t)
+        pre[t] = pre[t] > pre[t - 1] || pre[t] != pre[t] ? pre[t] : pre[t - 1];
+      for (index_t t = grid - 2; t >= 0; --t)
+        suf[t] = suf[t] > suf[t + 1] || suf[t] != suf[t] ? suf[t] : suf[t + 1];
+    });
+  }
+  auto norms_for = [&](index_t b, index_t h) {
+    key_norms kn;
+    if (skipping) {
+      const index_t bh = b * p.kv_heads + p.kv_head(h);
+      kn.prefix = prefix.data() + bh * grid;
+      kn.suffix = suffix.data() + bh * grid;
+    }
+    return kn;
+  };
+
   if (splits == 1) {
     parallel_for(nthreads, items, [&](index_t item) {
       index_t b, h, t;
       item_coords(item, b, h, t);
       const index_t i0 = t * cfg::block_q, i1 = std::min(p.q_len, i0 + cfg::block_q);
-      attend_tile(p, q, k, v, out, b, h, i0, i1, 0, p.k_len, nullptr, nullptr);
+      attend_tile(p, q, k, v, out, b, h, i0, i1, 0, p.k_len, nullptr, nullptr, norms_for(b, h));
     });
     return;
   }
@@ -376,7 +510,8 @@ inline void run(int threads, const attention_problem& p, const tensor_view<const
     const index_t i0 = t * cfg::block_q, i1 = std::min(p.q_len, i0 + cfg::block_q);
     const index_t slot = item * splits + c;
     attend_tile(p, q, k, v, out, b, h, i0, i1, c * chunk, std::min(p.k_len, (c + 1) * chunk),
-                part_o.data() + slot * rows_stride * dv, part_state.data() + slot * rows_stride);
+                part_o.data() + slot * rows_stride * dv, part_state.data() + slot * rows_stride,
+                norms_for(b, h));
   });
   parallel_for(nthreads, items, [&](index_t item) {
     index_t b, h, t;

@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: MIT
+// Far-tile skipping: real (tiles are skipped), exact within the tolerance rule, and backing
+// off on inputs built to break a careless bound.
+#include <cmath>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "backends.hpp"
+#include "common.hpp"
+
+using alibi::index_t;
+using alibi_test::case_data;
+using alibi_test::case_spec;
+
+namespace {
+
+struct skip_run {
+  alibi_test::comparison cmp;
+  alibi::attention_stats stats;
+};
+
+// Runs the eigen backend with skipping on or off and compares it with the oracle.
+skip_run run_case(case_data& c, bool skip) {
+  const case_spec& s = c.spec;
+  const alibi_test::oracle_result ref = alibi_test::run_oracle(c);
+  const std::vector<float> naive = alibi_test::run_naive_fp32(c);
+  alibi_test::padded_tensor<float> out(s.batch, s.hq, s.lq, s.v_dim(), s.bshd, 1234.5f);
+  std::vector<float> lse(static_cast<std::size_t>(s.batch * s.hq * s.lq));
+  skip_run r;
+  alibi::attention_params p = c.params;
+  p.logsumexp = alibi::make_view(lse.data(), s.batch, s.hq, s.lq);
+  p.skip_far_tiles = skip;
+  p.stats = &r.stats;
+  alibi::attention(alibi::backend::eigen{2}, c.q.view, c.k.view, c.v.view, out.view, p);
+  r.cmp = alibi_test::compare(c, ref, naive, out, lse);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("far-tile skipping skips real work and stays within tolerance", "[skip]") {
+  for (bool causal : {true, false}) {
+    case_spec s;
+    s.lq = 1500;
+    s.lk = 3000;
+    s.hq = 8;  // slopes 1/2 .. 1/256
+    s.hkv = 4;
+    s.d = 64;
+    s.causal = causal;
+    case_data c(s);
+    const skip_run on = run_case(c, true), off = run_case(c, false);
+    INFO(s.name() << ": on " << on.cmp.describe() << "; off " << off.cmp.describe());
+    CHECK(on.cmp.ok());
+    CHECK(off.cmp.ok());
+    CHECK(off.stats.tiles_skipped == 0);
+    CHECK(on.stats.tiles_skipped > 0);
+    CHECK(on.stats.tiles_computed + on.stats.tiles_skipped == off.stats.tiles_computed);
+    // The steep heads skip most far tiles: at least a third of all tiles go.
+    CHECK(on.stats.tiles_skipped * 3 > off.stats.tiles_computed);
+  }
+}
+
+TEST_CASE("far-tile skipping on decode, windows, lengths and key masks", "[skip]") {
+  std::vector<case_spec> cases(3);
+  cases[0].lq = 1, cases[0].lk = 9000, cases[0].hq = 4, cases[0].hkv = 1, cases[0].d = 128,
+  cases[0].causal = true;
+  cases[1].lq = 700, cases[1].lk = 700, cases[1].hq = 6, cases[1].hkv = 6, cases[1].d = 32,
+  cases[1].window_left = 400, cases[1].batch = 3, cases[1].lengths = true;
+  cases[2].lq = 600, cases[2].lk = 2000, cases[2].hq = 2, cases[2].hkv = 2, cases[2].d = 64,
+  cases[2].key_mask = true, cases[2].batch = 2, cases[2].offsets = true, cases[2].bshd = true;
+  for (const case_spec& s : cases) {
+    case_data c(s);
+    const skip_run on = run_case(c, true);
+    INFO(s.name() << ": " << on.cmp.describe() << ", skipped " << on.stats.tiles_skipped);
+    CHECK(on.cmp.ok());
+    CHECK(on.stats.tiles_skipped > 0);
+  }
+}
+
+TEST_CASE("far-tile skipping backs off on adversarial inputs", "[skip]") {
+  // Query rows aligned with a few far keys of huge norm: their scores beat the ALiBi decay,
+  // so a bound that ignored key norms would drop the keys that dominate the softmax.
+  case_spec s;
+  s.lq = 64;
+  s.lk = 4096;
+  s.hq = 1;  // slope 1/256
+  s.hkv = 1;
+  s.d = 64;
+  s.slope_scale = 128.0f;  // slope 1/2: a key 3000 positions away is down-weighted by e^-1500
+  s.causal = true;
+  case_data c(s);
+  // Keys 3700 and 3750 are 330-400 positions from the queries: bias about -180 against a
+  // score of 40 |q|^2 / 8 = 320, so they dominate their rows; key 10 is too far to matter.
+  for (index_t j : {10, 3700, 3750}) {
+    for (index_t d = 0; d < s.d; ++d) c.k.view(0, 0, j, d) = 40.0f * c.q.view(0, 0, 63, d);
+  }
+  const skip_run on = run_case(c, true);
+  INFO(on.cmp.describe() << ", skipped " << on.stats.tiles_skipped << " computed "
+                         << on.stats.tiles_computed);
+  CHECK(on.cmp.ok());
+  // Without the huge keys more tiles are skipped: the bound saw them and backed off.
+  case_spec benign = s;
+  case_data b(benign);
+  const skip_run base = run_case(b, true);
+  CHECK(base.cmp.ok());
+  CHECK(on.stats.tiles_skipped < base.stats.tiles_skipped);
+}
+
+TEST_CASE("far-tile skipping never engages without a positive slope", "[skip]") {
+  for (float ss : {0.0f, -0.25f}) {
+    case_spec s;
+    s.lq = 300;
+    s.lk = 2000;
+    s.hq = 2;
+    s.hkv = 2;
+    s.d = 32;
+    s.slope_scale = ss;
+    case_data c(s);
+    const skip_run on = run_case(c, true);
+    CHECK(on.cmp.ok());
+    CHECK(on.stats.tiles_skipped == 0);
+  }
+}
