@@ -95,6 +95,28 @@ void BM_far_tiles(benchmark::State& state) {
                               static_cast<double>(stats.tiles_skipped + stats.tiles_computed);
 }
 
+// Args: length, head, skip. One head of a 16-head model (slope of that head), D = 64, causal,
+// 2 threads: the speedup of the far-tile bound per head.
+void BM_far_tiles_head(benchmark::State& state) {
+  const index_t len = state.range(0);
+  alibi_bench::inputs in(1, len, len, 64);
+  alibi::attention_params p;
+  p.mask.causal = true;
+  p.slopes.global_heads = 16;
+  p.slopes.head_offset = state.range(1);
+  p.skip_far_tiles = state.range(2) != 0;
+  alibi::attention_stats stats;
+  p.stats = &stats;
+  const alibi::backend::eigen be{2};
+  for (auto _ : state) {
+    alibi::attention(be, in.qv(), in.kv(), in.vv(), in.ov(), p);
+    benchmark::DoNotOptimize(in.out.data());
+  }
+  set_counters(state, alibi_bench::attention_flops(1, len, len, 64, true), 2);
+  state.counters["skipped"] = static_cast<double>(stats.tiles_skipped) /
+                              static_cast<double>(stats.tiles_skipped + stats.tiles_computed);
+}
+
 void attention_args(benchmark::internal::Benchmark* b, index_t max_len) {
   for (int threads : {1, 2})
     for (index_t d : {64, 128})
@@ -109,6 +131,10 @@ BENCHMARK(BM_fused)->Apply([](benchmark::internal::Benchmark* b) { attention_arg
 BENCHMARK(BM_seed_fp32)->Apply([](benchmark::internal::Benchmark* b) { attention_args(b, 8192); });
 BENCHMARK(BM_far_tiles)
     ->ArgsProduct({{2048, 8192, 32768}, {0, 1}, {2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_far_tiles_head)
+    ->ArgsProduct({{8192, 32768}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_decode)

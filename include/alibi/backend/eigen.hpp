@@ -454,16 +454,17 @@ inline void run(int threads, const attention_problem& p, const tensor_view<const
       float* pre = prefix.data() + bh * grid;
       float* suf = suffix.data() + bh * grid;
       for (index_t t = 0; t < grid; ++t) {
-        double worst = 0.0;
+        float worst = 0.0f;
         for (index_t j = t * cfg::block_k; j < std::min(lk, (t + 1) * cfg::block_k); ++j) {
           if (p.key_excluded(b, j)) continue;
-          const double nrm = Eigen::Map<const Eigen::RowVectorXf>(k.ptr(b, hk, j), p.head_dim)
-                                 .cast<double>()
-                                 .norm();
-          worst = nrm > worst || nrm != nrm ? nrm : worst;  // NaN disables skipping
+          const float sq =
+              Eigen::Map<const Eigen::RowVectorXf>(k.ptr(b, hk, j), p.head_dim).squaredNorm();
+          worst = sq > worst || sq != sq ? sq : worst;  // NaN disables skipping
         }
-        // Rounded up: the bound must never fall below a true norm.
-        pre[t] = suf[t] = static_cast<float>(worst * (1 + 1e-6));
+        // Rounded up: the bound must never fall below a true norm. A float sum of D squares
+        // is within D * 2^-24 (relative) of the exact one; the margin covers that and sqrt.
+        pre[t] = suf[t] =
+            std::sqrt(worst * (1.0f + 1e-5f + static_cast<float>(p.head_dim) * 1.2e-7f));
       }
       for (index_t t = 1; t < grid; ++t)
         pre[t] = pre[t] > pre[t - 1] || pre[t] != pre[t] ? pre[t] : pre[t - 1];
