@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer target with clang and runs it: scripts/libfuzzer.sh [seconds] (default 600).
-# The corpus grows in build-libfuzzer/corpus; a crash leaves a crash-* file to replay with
-#   build-libfuzzer/tests/alibi_libfuzzer crash-<hash>
+# The corpus grows in build-libfuzzer/corpus; a crash leaves build-libfuzzer/crash-* to replay with
+#   build-libfuzzer/tests/alibi_libfuzzer build-libfuzzer/crash-<hash>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -18,4 +18,5 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_CO
   -DALIBI_BUILD_LIBFUZZER=ON -DALIBI_BUILD_BENCHMARKS=OFF -DALIBI_BUILD_EXAMPLES=OFF -DALIBI_CUDA=OFF
 cmake --build "$build" --target alibi_libfuzzer
 mkdir -p "$build/corpus"
-"$build/tests/alibi_libfuzzer" -max_total_time="${1:-600}" -max_len=512 -print_final_stats=1 "$build/corpus"
+"$build/tests/alibi_libfuzzer" -max_total_time="${1:-600}" -max_len=512 -print_final_stats=1 \
+  -artifact_prefix="$build/" "$build/corpus"

@@ -73,6 +73,15 @@ TEST_CASE("eigen backend on large inputs, large slopes, custom scales", "[eigen]
     c.batch = 2;
     cases.push_back(c);
   }
+  {
+    case_spec c;  // v_head_dim 0: no output elements, but logsumexp is still computed
+    c.lq = 30;
+    c.lk = 200;
+    c.d = 16;
+    c.dv = 0;
+    c.causal = true;
+    cases.push_back(c);
+  }
   for (const case_spec& spec : cases) {
     INFO(spec.name());
     const alibi_test::comparison r = alibi_test::check_backend(alibi::backend::eigen{2}, spec);

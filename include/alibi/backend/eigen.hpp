@@ -67,7 +67,8 @@ struct workspace {
   void reserve(index_t dv) {
     const auto r = static_cast<std::size_t>(rows);
     const auto bk = static_cast<std::size_t>(kernel_config::block_k);
-    const auto d = static_cast<std::size_t>(padded_stride(dv));
+    // At least one padded row even for v_head_dim 0, so that no map is built on null.
+    const auto d = static_cast<std::size_t>(padded_stride(std::max<index_t>(dv, 1)));
     if (s.size() < r * bk) s.resize(r * bk);
     if (o.size() < r * d) o.resize(r * d);
     if (v.size() < bk * d) v.resize(bk * d);
