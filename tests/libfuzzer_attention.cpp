@@ -144,8 +144,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           const float x = out(a, h, i, d);
           if (std::isnan(x) != std::isnan(r))
             fail("NaN where the reference has none, or the reverse");
-          if (!std::isnan(r) && !(std::abs(x - r) <= 1e-4 * (1 + std::abs(r))))
+          if (!std::isnan(r) && !(std::abs(x - r) <= 1e-4 * (1 + std::abs(r)))) {
+            std::fprintf(stderr,
+                         "B %lld Hq %lld Hkv %lld Lq %lld Lk %lld D %lld Dv %lld causal %d window "
+                         "%lld/%lld scale %g, caller slopes %d: out(%lld,%lld,%lld,%lld) = %.9g, "
+                         "reference %.9g\n",
+                         (long long)B, (long long)Hq, (long long)Hkv, (long long)Lq, (long long)Lk,
+                         (long long)D, (long long)Dv, p.mask.causal, (long long)p.mask.window_left,
+                         (long long)p.mask.window_right, p.scale ? *p.scale : -1.0, !slopes.empty(),
+                         (long long)a, (long long)h, (long long)i, (long long)d, x, r);
+            for (std::size_t e = 0; e < offs_q.size(); ++e)
+              std::fprintf(stderr, "  offsets(%zu): q %lld k %lld\n", e, (long long)offs_q[e],
+                           (long long)offs_k[e]);
             fail("fused differs from the reference");
+          }
         }
   return 0;
 }

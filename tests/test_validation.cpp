@@ -126,9 +126,15 @@ TEST_CASE("parameter errors", "[validation]") {
   }
   {
     alibi::attention_params p;
+    p.mask.window_right = std::numeric_limits<index_t>::max();
+    CHECK_THROWS_WITH(alibi::attention(be, f.q, f.k, f.v, f.out, p),
+                      Contains("must be in [0, 2^60), or -1 for unbounded"));
+  }
+  {
+    alibi::attention_params p;
     p.mask.window_left = -3;
     CHECK_THROWS_WITH(alibi::attention(be, f.q, f.k, f.v, f.out, p),
-                      Contains("window_left/window_right must be >= 0"));
+                      Contains("window_left/window_right must be in [0, 2^60)"));
   }
   {
     std::vector<index_t> lens = {5, 9};
@@ -174,11 +180,11 @@ TEST_CASE("parameter errors", "[validation]") {
                       Contains("params.logsumexp must have shape (batch, q_heads, q_len)"));
   }
   {
-    std::vector<index_t> offs = {index_t(1) << 62, 0};
+    std::vector<index_t> offs = {index_t(1) << 60, 0};
     alibi::attention_params p;
     p.q_offsets = alibi::make_view<const index_t>(offs.data(), 2);
     CHECK_THROWS_WITH(alibi::attention(be, f.q, f.k, f.v, f.out, p),
-                      Contains("magnitude below 2^62"));
+                      Contains("magnitude below 2^60"));
   }
 }
 

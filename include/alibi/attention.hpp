@@ -235,11 +235,18 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
   const float scale = p.scale ? *p.scale : (D > 0 ? 1.0f / std::sqrt(static_cast<float>(D)) : 1.0f);
   if (!std::isfinite(scale))
     return status::failure(f + ": params.scale must be finite, got " + std::to_string(scale));
-  if (p.mask.window_left < -1 || p.mask.window_right < -1)
+  // Positions, windows and lengths stay below 2^60 in magnitude, so that every sum the
+  // masks and distances form (q_pos - window_left - k_offset, ...) fits in int64.
+  constexpr index_t pos_limit = index_t(1) << 60;
+  if (p.mask.window_left < -1 || p.mask.window_right < -1 || p.mask.window_left >= pos_limit ||
+      p.mask.window_right >= pos_limit)
     return status::failure(f +
-                           ": params.mask.window_left/window_right must be >= 0, or -1 for "
-                           "unbounded; got " +
+                           ": params.mask.window_left/window_right must be in [0, 2^60), or -1 "
+                           "for unbounded; got " +
                            str(p.mask.window_left) + "/" + str(p.mask.window_right));
+  if (Lq >= pos_limit || Lk >= pos_limit)
+    return status::failure(f + ": q_len and k_len must be below 2^60, got " + str(Lq) + " and " +
+                           str(Lk));
   const slope_config& sc = p.slopes;
   if (sc.values.data) {
     if ((sc.values.extents[0] != 1 && sc.values.extents[0] != B) || sc.values.extents[1] != Hq)
@@ -293,8 +300,6 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
   prob.stats = p.stats;
 
   if (host_values) {
-    // Positions are formed as offset + index in int64; keep them far from overflow.
-    constexpr index_t pos_limit = index_t(1) << 62;
     for (index_t b = 0; b < B; ++b) {
       const index_t lq = prob.len_q(b), lk = prob.len_k(b);
       if (lq < 0 || lq > Lq)
@@ -306,7 +311,7 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
       const index_t qo = prob.q_offset(b), ko = prob.k_offset(b);
       if (qo <= -pos_limit || qo >= pos_limit || ko <= -pos_limit || ko >= pos_limit)
         return status::failure(f + ": params.q_offsets/k_offsets(" + str(b) +
-                               ") must have magnitude below 2^62");
+                               ") must have magnitude below 2^60");
     }
   }
   return {};

@@ -22,10 +22,12 @@ ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float alibi_bias(float slope, index_t q_pos,
   return -slope * static_cast<float>(d - shift);
 }
 
-/// The bias in double precision (for the reference backend and the tests).
-ALIBI_HOST_DEVICE inline double alibi_bias_exact(float slope, index_t q_pos, index_t k_pos) {
+/// The bias in double precision (for the reference backend and the tests), with the same
+/// optional distance shift as alibi_bias.
+ALIBI_HOST_DEVICE inline double alibi_bias_exact(float slope, index_t q_pos, index_t k_pos,
+                                                 index_t shift = 0) {
   const index_t d = q_pos >= k_pos ? q_pos - k_pos : k_pos - q_pos;
-  return -static_cast<double>(slope) * static_cast<double>(d);
+  return -static_cast<double>(slope) * static_cast<double>(d - shift);
 }
 
 /// A half-open index range [begin, end).

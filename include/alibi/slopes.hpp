@@ -27,7 +27,7 @@ namespace alibi {
 ALIBI_HOST_DEVICE inline float slope(std::int64_t h, std::int64_t num_heads,
                                      float max_bias = 8.0f) {
   std::int64_t n = 1;
-  while (n * 2 <= num_heads) n *= 2;
+  while (n <= num_heads / 2) n *= 2;  // (never forms 2n > num_heads: no overflow)
   const double b = static_cast<double>(max_bias);
   // Why an integer numerator: -B*(h+1)/n computed as one division keeps the exponent
   // exact for power-of-two n, so slope(h) is exactly 2^-k wherever the paper's is.

@@ -321,10 +321,10 @@ inline void attend_tile(const attention_problem& p, const tensor_view<const floa
         vc = vm;
         for (index_t j : ws.bad) vc.row(j).setZero();
         o_act.noalias() += s * vc;
-        // A non-finite V row still reaches the rows that attend to it, exactly.
+        // A non-finite V row still reaches exactly the rows that attend to it, even where
+        // its weight rounded to 0 (0 * NaN = NaN, as the mathematics has it).
         for (index_t j : ws.bad)
-          for (index_t t = 0; t < m; ++t)
-            if (s(t, j) != 0.0f) o_act.row(t) += s(t, j) * vm.row(j);
+          for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) o_act.row(t) += s(t, j) * vm.row(j);
       }
     };
     if (by_rows)
@@ -451,12 +451,17 @@ inline void run(int threads, const attention_problem& p, const tensor_view<const
     prefix.assign(static_cast<std::size_t>(p.batch * p.kv_heads * grid), 0.0f);
     suffix.assign(prefix.size(), 0.0f);
     parallel_for(nthreads, p.batch * p.kv_heads, [&](index_t bh) {
-      const index_t b = bh / p.kv_heads, hk = bh % p.kv_heads, lk = p.len_k(b);
+      const index_t b = bh / p.kv_heads, hk = bh % p.kv_heads, lq = p.len_q(b);
       float* pre = prefix.data() + bh * grid;
       float* suf = suffix.data() + bh * grid;
+      // Only keys some row can reach: the rows' key ranges are monotone, so their union is
+      // [range of row 0).begin, (range of the last row).end).
+      const index_t lo = lq > 0 ? p.key_range(b, 0).begin : 0;
+      const index_t hi = lq > 0 ? p.key_range(b, lq - 1).end : 0;
       for (index_t t = 0; t < grid; ++t) {
         float worst = 0.0f;
-        for (index_t j = t * cfg::block_k; j < std::min(lk, (t + 1) * cfg::block_k); ++j) {
+        for (index_t j = std::max(lo, t * cfg::block_k); j < std::min(hi, (t + 1) * cfg::block_k);
+             ++j) {
           if (p.key_excluded(b, j)) continue;
           const float sq =
               Eigen::Map<const Eigen::RowVectorXf>(k.ptr(b, hk, j), p.head_dim).squaredNorm();
@@ -495,7 +500,7 @@ inline void run(int threads, const attention_problem& p, const tensor_view<const
   // Split keys: chunk c covers keys [c * chunk, (c + 1) * chunk).
   const index_t chunk =
       ((p.k_len + splits - 1) / splits + cfg::block_k - 1) / cfg::block_k * cfg::block_k;
-  const index_t rows_stride = cfg::block_q;
+  const index_t rows_stride = std::min(cfg::block_q, p.q_len);
   const index_t dv = p.v_head_dim;
   // The calling thread's buffers, named by reference: a thread_local named inside the
   // lambdas would be each worker's own instance.

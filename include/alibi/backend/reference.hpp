@@ -48,9 +48,13 @@ struct attention_impl<backend::reference> {
             double dot = 0;
             for (index_t d = 0; d < p.head_dim; ++d)
               dot += static_cast<double>(q(b, h, i, d)) * static_cast<double>(k(b, hk, j, d));
-            // slope 0 (or ALiBi disabled) adds nothing at all, not a signed zero.
-            row[j] = static_cast<double>(p.scale) * dot +
-                     (p.slopes.enabled ? alibi_bias_exact(slope, qo + i, ko + j) : 0.0);
+            // slope 0 (or ALiBi disabled) adds nothing at all, not a signed zero. The row's
+            // distance shift keeps the bias small and exact in double even for positions
+            // near 2^60 (the softmax does not see it; logsumexp adds it back below).
+            row[j] =
+                static_cast<double>(p.scale) * dot +
+                (p.slopes.enabled ? alibi_bias_exact(slope, qo + i, ko + j, p.distance_shift(b, i))
+                                  : 0.0);
           }
         }
         for (index_t i = 0; i < p.q_len; ++i) {
@@ -78,7 +82,8 @@ struct attention_impl<backend::reference> {
                 acc[static_cast<std::size_t>(d)] += w * static_cast<double>(v(b, hk, j, d));
             }
             for (auto& a : acc) a /= sum;
-            lse = shift + std::log(sum);
+            lse = shift + std::log(sum) -
+                  static_cast<double>(slope) * static_cast<double>(p.distance_shift(b, i));
           }
           // Fully masked rows and padded query rows: output 0 and logsumexp -inf.
           for (index_t d = 0; d < p.v_head_dim; ++d)
