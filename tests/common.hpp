@@ -203,11 +203,21 @@ inline oracle_result run_oracle(case_data& c) {
 
 /// The seeds' algorithm in fp32 (float dot products, float softmax): the precision a
 /// straightforward fp32 implementation achieves, which sets the tolerance.
-inline std::vector<float> run_naive_fp32(case_data& c) {
+struct naive_result {
+  std::vector<float> out;  // (batch, hq, lq, dv) dense
+  std::vector<float> lse;  // (batch, hq, lq)
+  double score_scale = 0;  // max over rows of |row maximum score| (fp32 contract scores)
+  double value_scale = 0;  // max |v| over the keys some row uses
+};
+
+inline naive_result run_naive_fp32(case_data& c) {
   const case_spec& s = c.spec;
   alibi::detail::attention_problem p;
-  std::vector<float> out(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0f);
-  auto ov = alibi::make_view(out.data(), s.batch, s.hq, s.lq, s.v_dim());
+  naive_result r;
+  r.out.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0f);
+  r.lse.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq),
+               -std::numeric_limits<float>::infinity());
+  auto ov = alibi::make_view(r.out.data(), s.batch, s.hq, s.lq, s.v_dim());
   alibi::detail::make_problem(c.q.view, c.k.view, c.v.view, ov, c.params, true, p)
       .throw_if_failed();
   std::vector<float> row(static_cast<std::size_t>(s.lk));
@@ -226,11 +236,16 @@ inline std::vector<float> run_naive_fp32(case_data& c) {
                         ? alibi::alibi_bias(p.slope(b, h), p.q_offset(b) + i, p.k_offset(b) + j)
                         : 0.0f);
           m = std::max(m, row[j]);
+          for (index_t d = 0; d < s.v_dim(); ++d)
+            r.value_scale =
+                std::max(r.value_scale, std::abs(static_cast<double>(c.v.view(b, hk, j, d))));
         }
         if (m == -std::numeric_limits<float>::infinity()) continue;
+        r.score_scale = std::max(r.score_scale, std::abs(static_cast<double>(m)));
         float sum = 0;
         for (index_t j = kr.begin; j < kr.end; ++j)
           if (!p.key_excluded(b, j)) sum += (row[j] = std::exp(row[j] - m));
+        r.lse[static_cast<std::size_t>((b * s.hq + h) * s.lq + i)] = m + std::log(sum);
         for (index_t j = kr.begin; j < kr.end; ++j) {
           if (p.key_excluded(b, j)) continue;
           for (index_t d = 0; d < s.v_dim(); ++d)
@@ -238,13 +253,14 @@ inline std::vector<float> run_naive_fp32(case_data& c) {
         }
       }
     }
-  return out;
+  return r;
 }
 
 /// The outcome of comparing an implementation to the oracle.
 struct comparison {
   double max_err = 0, naive_err = 0, tolerance = 0, lse_err = 0;
   index_t nans = 0, lse_mismatch = 0, guard_writes = 0;
+  float lse_bad_got = 0, lse_bad_want = 0;  // the first logsumexp mismatch
   bool ok() const {
     return nans == 0 && max_err <= tolerance && lse_mismatch == 0 && guard_writes == 0;
   }
@@ -253,20 +269,39 @@ struct comparison {
     o << "max_err " << max_err << " (tolerance " << tolerance << ", naive fp32 " << naive_err
       << "), lse_err " << lse_err << ", NaNs " << nans << ", lse mismatches " << lse_mismatch
       << ", guard writes " << guard_writes;
+    if (lse_mismatch)
+      o << " (first: logsumexp " << lse_bad_got << ", oracle " << lse_bad_want << ")";
     return o.str();
   }
 };
 
 /// The tolerance rule of the design notes: max |impl - ref64| <= 2 * max |naive32 - ref64| +
-/// a floor of a few ulps of the output scale; logsumexp within the same relative bound and
-/// exactly -inf where the oracle's is.
-inline comparison compare(const case_data& c, const oracle_result& ref,
-                          const std::vector<float>& naive, const padded_tensor<float>& out,
-                          const std::vector<float>& lse) {
+/// a floor; logsumexp likewise, and exactly -inf where the oracle's is.
+///
+/// The floor has two parts. 8 ulps of the output scale, as the design notes ask. And the
+/// rounding every fp32 implementation of the contract makes in its scores: a score near a
+/// row's maximum M is an fp32 number, off by up to ulp(|M|) (about 2^-23 |M|), which moves
+/// the output by up to that times max|v| and the logsumexp by that. Why it is needed: with
+/// inputs x3/x5 (scores in the hundreds) or large slopes, that rounding dominates, and the
+/// naive computation's error, a sample of a few rows, can be lucky; the fuzzer found cases
+/// with a handful of keys where a correct kernel's error was 3-8x the naive one's, all below
+/// 2^-23 |M| max|v|. For unit-scale inputs the tests keep the 1e-5 absolute bound too.
+inline comparison compare(const case_data& c, const oracle_result& ref, const naive_result& naive,
+                          const padded_tensor<float>& out, const std::vector<float>& lse) {
   const case_spec& s = c.spec;
+  constexpr double eps = std::numeric_limits<float>::epsilon();
   comparison r;
-  double scale_out = 0;
+  double scale_out = 0, naive_lse_err = 0;
   for (double x : ref.out) scale_out = std::max(scale_out, std::abs(x));
+  for (std::size_t e = 0; e < ref.out.size(); ++e)
+    r.naive_err = std::max(r.naive_err, std::abs(static_cast<double>(naive.out[e]) - ref.out[e]));
+  for (std::size_t e = 0; e < ref.lse.size(); ++e)
+    if (std::isfinite(ref.lse[e]) && std::isfinite(naive.lse[e]))
+      naive_lse_err =
+          std::max(naive_lse_err, std::abs(static_cast<double>(naive.lse[e]) - ref.lse[e]));
+  const double score_rounding = 4 * eps * (naive.score_scale + 16);
+  r.tolerance =
+      2 * r.naive_err + 8 * eps * std::max(1.0, scale_out) + score_rounding * naive.value_scale;
   for (index_t b = 0; b < s.batch; ++b)
     for (index_t h = 0; h < s.hq; ++h)
       for (index_t i = 0; i < s.lq; ++i) {
@@ -276,21 +311,24 @@ inline comparison compare(const case_data& c, const oracle_result& ref,
           const float x = out.view(b, h, i, d);
           if (std::isnan(x)) ++r.nans;
           r.max_err = std::max(r.max_err, std::abs(static_cast<double>(x) - ref.out[e]));
-          r.naive_err = std::max(r.naive_err, std::abs(static_cast<double>(naive[e]) - ref.out[e]));
         }
         const std::size_t li = static_cast<std::size_t>((b * s.hq + h) * s.lq + i);
         const float a = lse[li], e = ref.lse[li];
+        bool bad = false;
         if (std::isinf(e) || std::isinf(a)) {
-          if (a != e) ++r.lse_mismatch;
+          bad = a != e;
         } else {
           const double err = std::abs(static_cast<double>(a) - e);
           r.lse_err = std::max(r.lse_err, err);
-          if (!(err <= 1e-5 * std::max(1.0, std::abs(static_cast<double>(e))) * 4))
-            ++r.lse_mismatch;
+          bad = !(err <= 2 * naive_lse_err +
+                             8 * eps * std::max(1.0, std::abs(static_cast<double>(e))) +
+                             score_rounding);
+        }
+        if (bad && r.lse_mismatch++ == 0) {
+          r.lse_bad_got = a;
+          r.lse_bad_want = e;
         }
       }
-  const double floor = 8 * std::numeric_limits<float>::epsilon() * std::max(1.0, scale_out);
-  r.tolerance = 2 * r.naive_err + floor;
   r.guard_writes = out.touched_outside();
   return r;
 }
@@ -300,7 +338,7 @@ template <class Backend>
 comparison check_backend(const Backend& backend, const case_spec& spec) {
   case_data c(spec);
   const oracle_result ref = run_oracle(c);
-  const std::vector<float> naive = run_naive_fp32(c);
+  const naive_result naive = run_naive_fp32(c);
   padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.v_dim(), spec.bshd, 1234.5f);
   std::vector<float> lse(static_cast<std::size_t>(spec.batch * spec.hq * spec.lq + 1), 1234.5f);
   alibi::attention_params p = c.params;

@@ -24,7 +24,7 @@ struct skip_run {
 skip_run run_case(case_data& c, bool skip) {
   const case_spec& s = c.spec;
   const alibi_test::oracle_result ref = alibi_test::run_oracle(c);
-  const std::vector<float> naive = alibi_test::run_naive_fp32(c);
+  const alibi_test::naive_result naive = alibi_test::run_naive_fp32(c);
   alibi_test::padded_tensor<float> out(s.batch, s.hq, s.lq, s.v_dim(), s.bshd, 1234.5f);
   std::vector<float> lse(static_cast<std::size_t>(s.batch * s.hq * s.lq));
   skip_run r;
