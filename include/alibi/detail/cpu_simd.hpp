@@ -24,6 +24,12 @@ namespace alibi {
 namespace detail {
 namespace cpu {
 
+// Packet types are vector types with alignment attributes; naming them as template
+// arguments draws GCC's -Wignored-attributes, which Eigen silences in its own headers.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+#endif
 using packet = Eigen::internal::packet_traits<float>::type;
 constexpr int lanes = Eigen::internal::unpacket_traits<packet>::size;
 
@@ -43,6 +49,12 @@ struct tile_geometry {
 
 #if defined(EIGEN_VECTORIZE)
 using int_packet = typename Eigen::internal::unpacket_traits<packet>::integer_packet;
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#if defined(EIGEN_VECTORIZE)
 
 /// exp_flush on a packet: the same steps as the scalar exp_flush (see there for the why).
 ALIBI_FORCEINLINE packet exp_flush_packet(const packet& x) {

@@ -63,7 +63,11 @@ ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float exp_flush(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   // The integer n sits in z's low mantissa bits; add the exponent bias and shift it into place.
-  const std::int32_t e = (float_to_bits(z) - float_to_bits(round_magic) + 127) << 23;
+  // (In unsigned arithmetic: for NaN arguments the bits are garbage, and signed overflow
+  // on them would be undefined behaviour; the result is NaN either way.)
+  const std::uint32_t n_bits = static_cast<std::uint32_t>(float_to_bits(z)) -
+                               static_cast<std::uint32_t>(float_to_bits(round_magic)) + 127u;
+  const std::int32_t e = static_cast<std::int32_t>(n_bits << 23);
   const float y = p * bits_to_float(e);
   // x < threshold covers -inf (masked keys give exactly 0); a NaN x compares false, passed
   // through xc unchanged and made y NaN, so NaN propagates.
