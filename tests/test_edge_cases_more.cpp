@@ -30,7 +30,7 @@ void expect_matches_oracle(const case_spec& spec) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("more edge cases against the oracle", "[edge]", alibi_test::eigen_1thread,
+TEMPLATE_TEST_CASE("more edge cases against the oracle", "[edge][heavy]", alibi_test::eigen_1thread,
                    alibi_test::eigen_2threads) {
   using B = TestType;
   SECTION("E3: decode and very unequal shapes") {

@@ -11,7 +11,7 @@
 using alibi::index_t;
 using alibi_test::case_spec;
 
-TEST_CASE("eigen backend matches the reference on the case grid", "[eigen][grid]") {
+TEST_CASE("eigen backend matches the reference on the case grid", "[eigen][grid][heavy]") {
   for (const case_spec& spec : alibi_test::grid_cases()) {
     for (int threads : {1, 2}) {
       INFO(spec.name() << ", threads " << threads);
@@ -25,7 +25,7 @@ TEST_CASE("eigen backend matches the reference on the case grid", "[eigen][grid]
   }
 }
 
-TEST_CASE("eigen backend on large inputs, large slopes, custom scales", "[eigen][grid]") {
+TEST_CASE("eigen backend on large inputs, large slopes, custom scales", "[eigen][grid][heavy]") {
   std::vector<case_spec> cases;
   for (float vs : {3.0f, 5.0f}) {
     case_spec c;
@@ -90,7 +90,7 @@ TEST_CASE("eigen backend on large inputs, large slopes, custom scales", "[eigen]
   }
 }
 
-TEST_CASE("eigen backend results do not depend on the thread count", "[eigen][determinism]") {
+TEST_CASE("eigen backend results do not depend on the thread count", "[eigen][determinism][heavy]") {
   std::vector<case_spec> cases(3);
   cases[0].batch = 2, cases[0].hq = 6, cases[0].hkv = 3, cases[0].lq = 300, cases[0].lk = 300,
   cases[0].causal = true;
@@ -117,7 +117,7 @@ TEST_CASE("eigen backend results do not depend on the thread count", "[eigen][de
 }
 
 TEST_CASE("prefill then decode with position offsets equals the full causal computation",
-          "[eigen][decode]") {
+          "[eigen][decode][heavy]") {
   // A 1 x 4-head (GQA 2) sequence of 700 tokens: the full causal result, then the same rows
   // computed as a 600-token prefill followed by single-token and 4-token decode steps that
   // see the cache [0, t) with query offsets t - q_len (the default bottom-right alignment).

@@ -39,7 +39,7 @@ skip_run run_case(case_data& c, bool skip) {
 
 }  // namespace
 
-TEST_CASE("far-tile skipping skips real work and stays within tolerance", "[skip]") {
+TEST_CASE("far-tile skipping skips real work and stays within tolerance", "[skip][heavy]") {
   for (bool causal : {true, false}) {
     case_spec s;
     s.lq = 1500;
@@ -61,7 +61,7 @@ TEST_CASE("far-tile skipping skips real work and stays within tolerance", "[skip
   }
 }
 
-TEST_CASE("far-tile skipping on decode, windows, lengths and key masks", "[skip]") {
+TEST_CASE("far-tile skipping on decode, windows, lengths and key masks", "[skip][heavy]") {
   std::vector<case_spec> cases(3);
   cases[0].lq = 1, cases[0].lk = 9000, cases[0].hq = 4, cases[0].hkv = 1, cases[0].d = 128,
   cases[0].causal = true;
@@ -78,7 +78,7 @@ TEST_CASE("far-tile skipping on decode, windows, lengths and key masks", "[skip]
   }
 }
 
-TEST_CASE("far-tile skipping backs off on adversarial inputs", "[skip]") {
+TEST_CASE("far-tile skipping backs off on adversarial inputs", "[skip][heavy]") {
   // Query rows aligned with a few far keys of huge norm: their scores beat the ALiBi decay,
   // so a bound that ignored key norms would drop the keys that dominate the softmax.
   case_spec s;
@@ -107,7 +107,7 @@ TEST_CASE("far-tile skipping backs off on adversarial inputs", "[skip]") {
   CHECK(on.stats.tiles_skipped < base.stats.tiles_skipped);
 }
 
-TEST_CASE("far-tile skipping never engages without a positive slope", "[skip]") {
+TEST_CASE("far-tile skipping never engages without a positive slope", "[skip][heavy]") {
   for (float ss : {0.0f, -0.25f}) {
     case_spec s;
     s.lq = 300;
