@@ -41,6 +41,7 @@ struct attention_impl<backend::reference> {
         // Materialize the (masked) score matrix, as the seeds do.
         for (index_t i = 0; i < lq; ++i) {
           const index_range keys = p.key_range(b, i);
+          const index_t row_shift = p.distance_shift(b, i);
           double* row = scores.data() + i * p.k_len;
           for (index_t j = 0; j < p.k_len; ++j) {
             row[j] = neg_inf;
@@ -53,7 +54,7 @@ struct attention_impl<backend::reference> {
             // near 2^60 (the softmax does not see it; logsumexp adds it back below).
             row[j] =
                 static_cast<double>(p.scale) * dot +
-                (p.slopes.enabled ? alibi_bias_exact(slope, qo + i, ko + j, p.distance_shift(b, i))
+                (p.slopes.enabled ? alibi_bias_exact(slope, qo + i, ko + j, row_shift)
                                   : 0.0);
           }
         }
