@@ -37,8 +37,8 @@ int main() {
       "quickstart: causal ALiBi attention, batch %lld, seq %lld, %lld heads, head_dim %lld\n",
       static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(heads),
       static_cast<long long>(head_dim));
-  std::printf("out[0, 255, 0, 0:4] = %.5f %.5f %.5f %.5f\n", ov(1, 0, 255, 0), ov(1, 0, 255, 1),
-              ov(1, 0, 255, 2), ov(1, 0, 255, 3));
+  std::printf("out[batch 1, head 0, row 255, 0:4] = %.5f %.5f %.5f %.5f\n", ov(1, 0, 255, 0),
+              ov(1, 0, 255, 1), ov(1, 0, 255, 2), ov(1, 0, 255, 3));
   std::printf("max |fused - reference| = %.2e\n", worst);
   return worst < 1e-5 ? 0 : 1;
 }

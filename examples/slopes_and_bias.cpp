@@ -27,7 +27,7 @@ int main() {
   const auto bias = alibi::bias_matrix(4, 6, 6, params);  // (heads, q_len, k_len)
   std::printf("causal bias, head 0 (slope %g), 6 x 6:\n", alibi::slope(0, 4));
   for (int i = 0; i < 6; ++i) {
-    for (int j = 0; j < 6; ++j) std::printf(" %8.3f", bias(0, i, j));
+    for (int j = 0; j < 6; ++j) std::printf(" %8.3f", bias(0, i, j) + 0.0f);  // + 0: print -0 as 0
     std::printf("\n");
     for (int j = 0; j <= i; ++j)
       bad += bias(0, i, j) != -alibi::slope(0, 4) * static_cast<float>(i - j);
