@@ -70,6 +70,7 @@ struct case_spec {
   bool causal = false;
   index_t window_left = -1, window_right = -1;
   bool bshd = false;      // (batch, seq, heads, dim) memory
+  bool aligned = false;   // rows padded to 16-byte multiples (else odd padding)
   bool lengths = false;   // per-batch q/k lengths, one of them 0
   bool key_mask = false;  // boolean key mask with holes and one fully masked entry
   bool offsets = false;   // explicit positions (large absolute positions)
@@ -112,9 +113,9 @@ struct case_data {
 
   explicit case_data(const case_spec& c)
       : spec(c),
-        q(c.batch, c.hq, c.lq, c.d, c.bshd, nan_f),
-        k(c.batch, c.hkv, c.lk, c.d, c.bshd, nan_f),
-        v(c.batch, c.hkv, c.lk, c.v_dim(), c.bshd, nan_f) {
+        q(c.batch, c.hq, c.lq, c.d, c.bshd, nan_f, 3, c.aligned ? 8 : 5),
+        k(c.batch, c.hkv, c.lk, c.d, c.bshd, nan_f, 3, c.aligned ? 8 : 5),
+        v(c.batch, c.hkv, c.lk, c.v_dim(), c.bshd, nan_f, 3, c.aligned ? 8 : 5) {
     std::mt19937_64 rng(c.seed);
     std::normal_distribution<float> randn(0.0f, 1.0f);
     auto init = [&](float& x, index_t, index_t, index_t, index_t) {
@@ -202,7 +203,9 @@ inline oracle_result run_oracle(case_data& c) {
 }
 
 /// The seeds' algorithm in fp32 (float dot products, float softmax): the precision a
-/// straightforward fp32 implementation achieves, which sets the tolerance.
+/// straightforward fp32 implementation achieves, which sets the tolerance. `round` is
+/// applied to the probabilities before P V and to the outputs: the identity for fp32, a
+/// rounding to half or bfloat16 for the naive computation in those precisions.
 struct naive_result {
   std::vector<float> out;  // (batch, hq, lq, dv) dense
   std::vector<float> lse;  // (batch, hq, lq)
@@ -210,7 +213,8 @@ struct naive_result {
   double value_scale = 0;  // max |v| over the keys some row uses
 };
 
-inline naive_result run_naive_fp32(case_data& c) {
+template <class Round>
+naive_result run_naive(case_data& c, Round round) {
   const case_spec& s = c.spec;
   alibi::detail::attention_problem p;
   naive_result r;
@@ -248,12 +252,17 @@ inline naive_result run_naive_fp32(case_data& c) {
         r.lse[static_cast<std::size_t>((b * s.hq + h) * s.lq + i)] = m + std::log(sum);
         for (index_t j = kr.begin; j < kr.end; ++j) {
           if (p.key_excluded(b, j)) continue;
-          for (index_t d = 0; d < s.v_dim(); ++d)
-            ov(b, h, i, d) += row[j] / sum * c.v.view(b, hk, j, d);
+          const float w = round(row[j] / sum);
+          for (index_t d = 0; d < s.v_dim(); ++d) ov(b, h, i, d) += w * c.v.view(b, hk, j, d);
         }
+        for (index_t d = 0; d < s.v_dim(); ++d) ov(b, h, i, d) = round(ov(b, h, i, d));
       }
     }
   return r;
+}
+
+inline naive_result run_naive_fp32(case_data& c) {
+  return run_naive(c, [](float x) { return x; });
 }
 
 /// The outcome of comparing an implementation to the oracle.
@@ -286,8 +295,14 @@ struct comparison {
 /// naive computation's error, a sample of a few rows, can be lucky; the fuzzer found cases
 /// with a handful of keys where a correct kernel's error was 3-8x the naive one's, all below
 /// 2^-23 |M| max|v|. For unit-scale inputs the tests keep the 1e-5 absolute bound too.
+///
+/// `element_eps`: the machine epsilon of a half/bfloat16 computation (0 for fp32). It adds
+/// eps/2 (max|v| + max|out|): rounding the probabilities to that type moves the output by
+/// at most eps/2 max|v|, and rounding the output itself by eps/2 |out|; a naive computation
+/// can be lucky with either.
 inline comparison compare(const case_data& c, const oracle_result& ref, const naive_result& naive,
-                          const padded_tensor<float>& out, const std::vector<float>& lse) {
+                          const padded_tensor<float>& out, const std::vector<float>& lse,
+                          double element_eps = 0.0) {
   const case_spec& s = c.spec;
   constexpr double eps = std::numeric_limits<float>::epsilon();
   comparison r;
@@ -300,8 +315,9 @@ inline comparison compare(const case_data& c, const oracle_result& ref, const na
       naive_lse_err =
           std::max(naive_lse_err, std::abs(static_cast<double>(naive.lse[e]) - ref.lse[e]));
   const double score_rounding = 4 * eps * (naive.score_scale + 16);
-  r.tolerance =
-      2 * r.naive_err + 8 * eps * std::max(1.0, scale_out) + score_rounding * naive.value_scale;
+  r.tolerance = 2 * r.naive_err + 8 * eps * std::max(1.0, scale_out) +
+                score_rounding * naive.value_scale +
+                element_eps / 2 * (naive.value_scale + scale_out);
   for (index_t b = 0; b < s.batch; ++b)
     for (index_t h = 0; h < s.hq; ++h)
       for (index_t i = 0; i < s.lq; ++i) {

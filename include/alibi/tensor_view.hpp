@@ -53,7 +53,8 @@ struct tensor_view {
   }
 
   /// A view of the same memory with read-only elements.
-  ALIBI_HOST_DEVICE constexpr operator tensor_view<const T, Rank>() const {
+  template <class U = T, class = std::enable_if_t<!std::is_const<U>::value>>
+  ALIBI_HOST_DEVICE constexpr operator tensor_view<const U, Rank>() const {
     tensor_view<const T, Rank> v;
     v.data = data;
     for (int d = 0; d < Rank; ++d) {

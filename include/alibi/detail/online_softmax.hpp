@@ -27,6 +27,12 @@ ALIBI_HOST_DEVICE ALIBI_FORCEINLINE std::int32_t float_to_bits(float f) {
 #endif
 }
 
+/// -inf and a quiet NaN, usable in device code without relaxed-constexpr flags.
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float neg_inf_f() {
+  return bits_to_float(static_cast<std::int32_t>(0xff800000u));
+}
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float nan_f() { return bits_to_float(0x7fc00000); }
+
 /// Below this argument exp_flush returns exactly 0 (exp(-60) = 8.8e-27).
 constexpr float exp_flush_threshold = -60.0f;
 
@@ -85,13 +91,12 @@ struct softmax_state {
 /// to become relative to m_new >= m_old. 0 when nothing was accumulated yet (m_old = -inf),
 /// which also avoids exp(-inf - (-inf)) = NaN.
 ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float rescale_factor(float m_old, float m_new) {
-  return m_old == -std::numeric_limits<float>::infinity() ? 0.0f : exp_flush(m_old - m_new);
+  return m_old == neg_inf_f() ? 0.0f : exp_flush(m_old - m_new);
 }
 
 /// logsumexp of a finished row: -inf when every key was masked.
 ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float finish_lse(softmax_state s) {
-  return s.l > 0.0f ? s.m + logf(s.l)
-                    : (s.l != s.l ? s.l : -std::numeric_limits<float>::infinity());
+  return s.l > 0.0f ? s.m + logf(s.l) : (s.l != s.l ? s.l : neg_inf_f());
 }
 
 }  // namespace detail

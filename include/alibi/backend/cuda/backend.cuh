@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: MIT
+// alibi::backend::cuda: the attention front end's CUDA implementation. Picks the kernel
+// instance (element type x head dim) at run time from a fixed list of compile-time
+// configurations, decides the split-KV partition from the shapes alone, and queues the
+// work on the caller's stream without synchronizing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "alibi/attention.hpp"
+#include "alibi/backend/cuda/error.cuh"
+#include "alibi/backend/cuda/kernel.cuh"
+
+namespace alibi {
+namespace cuda_detail {
+
+template <class T>
+constexpr bool supported_element =
+    std::is_same<T, float>::value || std::is_same<T, __half>::value ||
+    std::is_same<T, __nv_bfloat16>::value;
+
+/// Calls f(std::integral_constant<int, D>{}) for the head dims the kernels are built for;
+/// false for any other.
+template <class F>
+bool dispatch_head_dim(index_t d, F&& f) {
+  switch (d) {
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      return true;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      return true;
+    case 96:
+      f(std::integral_constant<int, 96>{});
+      return true;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
+/// Multiprocessor count of the current device (cached per device).
+inline int multiprocessors() {
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  static int cached[64] = {};
+  if (dev >= 0 && dev < 64 && cached[dev] > 0) return cached[dev];
+  int n = 0;
+  check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  if (dev >= 0 && dev < 64) cached[dev] = n;
+  return n;
+}
+
+template <class T, int R>
+bool rows_aligned(const tensor_view<T, R>& v) {
+  if (reinterpret_cast<std::uintptr_t>(v.data) % 16 != 0) return false;
+  for (int d = 0; d + 1 < R; ++d)
+    if (v.extents[d] > 1 && (v.strides[d] * static_cast<index_t>(sizeof(T))) % 16 != 0)
+      return false;
+  return true;
+}
+
+/// The kernel partition of a problem: row tiles, and the key chunks of the split-KV path.
+struct partition {
+  index_t row_tiles = 0, splits = 1, chunk = 0, blocks = 0;
+};
+
+template <class Tr>
+partition make_partition(const attention_problem& p, int sms) {
+  partition pt;
+  const index_t bm = Tr::block_m, bn = Tr::block_n;
+  pt.row_tiles = (p.q_len * p.group_size() + bm - 1) / bm;
+  const index_t items = pt.row_tiles * p.batch * p.kv_heads;
+  pt.chunk = (p.k_len + bn - 1) / bn * bn;
+  // Split the keys when the row tiles alone cannot fill the device (decoding: few query
+  // rows, a long cache): about two blocks per multiprocessor, chunks of at least 8 tiles.
+  // The partition depends on the shapes only, so results do not depend on the device.
+  constexpr index_t min_chunk_tiles = 8;
+  const index_t k_tiles = pt.chunk / bn;
+  if (items > 0 && items < sms && k_tiles >= 2 * min_chunk_tiles) {
+    index_t splits = (2 * static_cast<index_t>(sms) + items - 1) / items;
+    const index_t max_splits = k_tiles / min_chunk_tiles;
+    splits = splits < max_splits ? splits : max_splits;
+    splits = splits < 128 ? splits : 128;
+    if (splits > 1) {
+      pt.chunk = (k_tiles + splits - 1) / splits * bn;
+      pt.splits = (p.k_len + pt.chunk - 1) / pt.chunk;
+    }
+  }
+  pt.blocks = items * pt.splits;
+  return pt;
+}
+
+template <class T, int D>
+void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+            tensor_view<const T, 4> v, tensor_view<T, 4> out, cudaStream_t stream) {
+  using Tr = kernel_traits<T, D>;
+  fwd_args<T> a;
+  a.p = p;
+  a.p.stats = nullptr;  // host memory: never passed to the device
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.out = out;
+  a.aligned = rows_aligned(q) && rows_aligned(k) && rows_aligned(v);
+  const partition pt = make_partition<Tr>(p, multiprocessors());
+  a.row_tiles = pt.row_tiles;
+  a.splits = pt.splits;
+  a.chunk = pt.chunk;
+  if (pt.blocks == 0) return;
+
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(attention_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(Tr::smem_bytes));
+  check(attr, "cudaFuncSetAttribute(max dynamic shared memory)");
+
+  void* workspace = nullptr;
+  if (pt.splits > 1) {
+    const index_t rows = p.batch * p.q_heads * p.q_len;
+    const std::size_t bytes =
+        sizeof(float) * static_cast<std::size_t>(pt.splits * rows * (p.head_dim + 1));
+    check(cudaMallocAsync(&workspace, bytes, stream), "cudaMallocAsync (split-KV workspace)");
+    a.part_o = static_cast<float*>(workspace);
+    a.part_lse = a.part_o + pt.splits * rows * p.head_dim;
+  }
+  attention_kernel<Tr>
+      <<<static_cast<unsigned>(pt.blocks), Tr::threads, Tr::smem_bytes, stream>>>(a);
+  cudaError_t launched = cudaGetLastError();
+  if (launched == cudaSuccess && pt.splits > 1) {
+    const index_t rows = p.batch * p.q_heads * p.q_len;
+    merge_kernel<T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a);
+    launched = cudaGetLastError();
+  }
+  if (workspace) {
+    const cudaError_t freed = cudaFreeAsync(workspace, stream);
+    if (launched == cudaSuccess) launched = freed;
+  }
+  check(launched, "attention kernel launch");
+}
+
+}  // namespace cuda_detail
+
+namespace detail {
+
+template <>
+struct attention_impl<backend::cuda> {
+  static constexpr bool reads_host_memory = false;
+
+  template <class T, class TO>
+  static status can_implement(const backend::cuda&, const attention_problem& p) {
+    const std::string f = "alibi::attention (cuda)";
+    if (!cuda_detail::supported_element<T>)
+      return status::failure(f + ": q, k and v must be float, __half or __nv_bfloat16");
+    if (!std::is_same<T, TO>::value)
+      return status::failure(f + ": out must have the element type of q, k and v");
+    if (p.head_dim != 32 && p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128)
+      return status::failure(f + ": head_dim (q.extent(3)) must be 32, 64, 96 or 128, got " +
+                             str(p.head_dim));
+    if (p.v_head_dim != p.head_dim)
+      return status::failure(f + ": v_head_dim (v.extent(3)) must equal head_dim = " +
+                             str(p.head_dim) + ", got " + str(p.v_head_dim));
+    // Distances are formed in 32-bit floats per tile; keys below 2^28 keep them exact
+    // (see detail::make_tile_frame), and the block count must fit a grid dimension.
+    if (p.k_len >= (index_t(1) << 28))
+      return status::failure(f + ": k_len must be below 2^28, got " + str(p.k_len));
+    const index_t rows = p.q_len * p.group_size();
+    if (rows >= (index_t(1) << 40) ||
+        p.batch * p.kv_heads * ((rows + 63) / 64) * 128 >= (index_t(1) << 31))
+      return status::failure(f +
+                             ": batch * kv_heads * ceil(q_len * group / 64) must be below 2^24");
+    return {};
+  }
+
+  template <class T, class TO>
+  static void run(const backend::cuda& be, const attention_problem& p, tensor_view<const T, 4> q,
+                  tensor_view<const T, 4> k, tensor_view<const T, 4> v, tensor_view<TO, 4> out) {
+    if constexpr (cuda_detail::supported_element<T> && std::is_same<T, TO>::value) {
+      if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;
+      cuda_detail::dispatch_head_dim(p.head_dim, [&](auto dim) {
+        cuda_detail::launch<T, decltype(dim)::value>(p, q, k, v, out, be.stream);
+      });
+    }
+  }
+};
+
+}  // namespace detail
+}  // namespace alibi

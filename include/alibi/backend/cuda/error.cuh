@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: MIT
+// alibi::cuda_error: a CUDA runtime failure (launch error, out of memory, ...) reported by
+// the CUDA backend. Invalid arguments are alibi::error, as on every backend.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "alibi/config.hpp"
+
+namespace alibi {
+
+class cuda_error : public std::runtime_error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what)
+      : std::runtime_error(what + ": " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) +
+                           ")"),
+        code_(code) {}
+  cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace cuda_detail {
+
+/// Turns a CUDA runtime status into alibi::cuda_error naming the step that failed.
+inline void check(cudaError_t code, const char* step) {
+  if (code != cudaSuccess) ALIBI_THROW(cuda_error(code, std::string("alibi (cuda): ") + step));
+}
+
+}  // namespace cuda_detail
+}  // namespace alibi

@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: MIT
+// The per-row and per-tile arithmetic of the tiled kernels, as host/device functions: which
+// keys a row may see, its ALiBi distances relative to a key tile in floats, the online
+// softmax step in base 2 and the row's final logsumexp. The CUDA kernels run them on the
+// device; the unit tests run the same functions on the CPU against alibi_bias and the
+// problem's own key_range.
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "alibi/attention.hpp"
+#include "alibi/config.hpp"
+#include "alibi/detail/online_softmax.hpp"
+
+namespace alibi {
+namespace detail {
+
+constexpr float log2e_f = 1.44269504088896341f;
+constexpr float ln2_f = 0.693147180559945309f;
+
+/// 2^x. On the device the hardware approximation (ex2.approx, about 2 ulp); on the host the
+/// library function. 2^-inf = 0 and NaN propagates on both.
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return std::exp2(x);
+#endif
+}
+
+/// Everything a kernel needs about one query row, resolved once per row from the problem.
+struct row_frame {
+  index_t begin = 0, end = 0;  // allowed key indices [begin, end); empty for padded rows
+  index_t t0 = 0;              // q_pos - (position of key index 0)
+  index_t shift = 0;           // attention_problem::distance_shift
+  float slope = 0.0f;
+};
+
+/// The frame of query row i of head h, batch entry b. Rows at or past the entry's query
+/// length get an empty key range (they produce zeros and logsumexp -inf).
+ALIBI_HOST_DEVICE inline row_frame make_row_frame(const attention_problem& p, index_t b, index_t h,
+                                                  index_t i) {
+  row_frame f;
+  if (i >= p.len_q(b)) return f;
+  const index_range r = p.key_range(b, i);
+  f.begin = r.begin;
+  f.end = r.end;
+  f.t0 = p.q_offset(b) + i - p.k_offset(b);
+  f.shift = p.distance_shift(b, i);
+  f.slope = p.slope(b, h);
+  return f;
+}
+
+/// A row's distances within the key tile that starts at key index j0, as floats:
+/// for the key j0 + c, |q_pos - k_pos| - shift = max(a - c, c - b). Why two terms: the
+/// distance is t - c on the left of the query and c - t on its right (t = q_pos - k_pos(j0));
+/// subtracting the shift on each side keeps both terms small where they matter, so they are
+/// exact in float for distances below 2^24 whatever the absolute positions. The clamp keeps
+/// the term of the far side finite and out of the max (it is then hugely negative).
+/// `begin`/`end` are the allowed columns [begin, end) of this tile, clamped to [0, cols].
+struct tile_frame {
+  float a = 0.0f, b = 0.0f;
+  int begin = 0, end = 0;
+};
+
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE index_t clamp_index(index_t x, index_t lo, index_t hi) {
+  return x < lo ? lo : x > hi ? hi : x;
+}
+
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE tile_frame make_tile_frame(const row_frame& f, index_t j0,
+                                                               int cols) {
+  constexpr index_t lim = index_t(1) << 30;
+  const index_t t = f.t0 - j0;
+  tile_frame tf;
+  tf.a = static_cast<float>(clamp_index(t - f.shift, -lim, lim));
+  tf.b = static_cast<float>(clamp_index(t + f.shift, -lim, lim));
+  tf.begin = static_cast<int>(clamp_index(f.begin - j0, 0, cols));
+  tf.end = static_cast<int>(clamp_index(f.end - j0, 0, cols));
+  if (tf.end < tf.begin) tf.end = tf.begin;
+  return tf;
+}
+
+/// |q_pos - k_pos| - shift for column c of the tile (exact below 2^24).
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float tile_distance(const tile_frame& tf, float c) {
+  return fmaxf(tf.a - c, c - tf.b);
+}
+
+/// A score in base-2 units: (scale * q.k - slope * distance) * log2(e), the argument of the
+/// online softmax. `scale_l2` = scale * log2(e), `neg_slope_l2` = -slope * log2(e).
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float score_l2(float dot, float scale_l2, float neg_slope_l2,
+                                                   float distance) {
+  return fmaf(dot, scale_l2, neg_slope_l2 * distance);
+}
+
+/// One online-softmax step of a row: the new running maximum after a tile whose largest
+/// score is tile_max, the reference the tile's exponentials are taken against, and the
+/// factor that rescales what was accumulated before. Why `ref`: while every score seen is
+/// masked the maximum is -inf, and exp2(-inf - -inf) would be NaN; against 0 the masked
+/// scores give exactly 0. fmaxf ignores NaN scores; they reach the output through
+/// exp2(NaN - ref) instead. The factor is exactly 0 when nothing was accumulated.
+struct online_step {
+  float m = 0.0f, ref = 0.0f, factor = 0.0f;
+};
+
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE online_step online_update(float m_old, float tile_max) {
+  online_step s;
+  s.m = fmaxf(m_old, tile_max);
+  s.ref = s.m == neg_inf_f() ? 0.0f : s.m;
+  s.factor = fast_exp2(m_old - s.ref);
+  return s;
+}
+
+/// The natural-log logsumexp of a finished row from its base-2 maximum m and sum l
+/// (relative to m): -inf for a row with no keys, NaN when l is NaN. The distance shift is
+/// added back here: every score was computed with distance - shift, i.e. +slope * shift.
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float finish_lse_l2(float m, float l, const row_frame& f) {
+  if (l != l) return l;
+  if (!(l > 0.0f)) return neg_inf_f();
+  return (m + log2f(l)) * ln2_f - f.slope * static_cast<float>(f.shift);
+}
+
+/// Merges a row's partial results over disjoint key chunks: each chunk s has the base-2
+/// logsumexp lse_s (shift not added back) and its normalized output o_s. Returns the
+/// weight of chunk s, exp2(lse_s - max) / sum, given max and sum = sum_s exp2(lse_s - max).
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float merge_weight(float lse_s, float max_lse, float sum) {
+  return lse_s == neg_inf_f() ? 0.0f : fast_exp2(lse_s - max_lse) / sum;
+}
+
+}  // namespace detail
+}  // namespace alibi

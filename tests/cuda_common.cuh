@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: MIT
+// Device-side test machinery for the CUDA backend: device copies of the shared test cases
+// (same layouts, NaN padding and guards, converted to the element type), and the runner
+// that compares the CUDA result with the double-precision oracle.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <alibi/cuda.cuh>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common.hpp"
+
+namespace alibi_test {
+
+inline void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+/// Host <-> element type conversions (round to nearest even), NaN kept.
+template <class T>
+T to_element(float x) {
+  if constexpr (std::is_same<T, float>::value)
+    return x;
+  else if constexpr (std::is_same<T, __half>::value)
+    return __float2half_rn(x);
+  else
+    return __float2bfloat16_rn(x);
+}
+template <class T>
+float from_element(T x) {
+  if constexpr (std::is_same<T, float>::value)
+    return x;
+  else if constexpr (std::is_same<T, __half>::value)
+    return __half2float(x);
+  else
+    return __bfloat162float(x);
+}
+template <class T>
+float round_to(float x) {
+  return from_element<T>(to_element<T>(x));
+}
+/// Machine epsilon of the element type (0 for float: the fp32 rule needs no extra floor).
+template <class T>
+constexpr double element_eps() {
+  return std::is_same<T, float>::value ? 0.0 : std::is_same<T, __half>::value ? 0x1p-10 : 0x1p-7;
+}
+template <class T>
+const char* element_name() {
+  return std::is_same<T, float>::value ? "float" : std::is_same<T, __half>::value ? "half" : "bf16";
+}
+
+/// A device buffer holding a copy of a host vector.
+template <class T>
+struct device_buffer {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  device_buffer() = default;
+  explicit device_buffer(const std::vector<T>& host) : n(host.size()) {
+    cuda_ok(cudaMalloc(&ptr, std::max<std::size_t>(1, n) * sizeof(T)), "cudaMalloc");
+    if (n) cuda_ok(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { cudaFree(ptr); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    if (n) cuda_ok(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return h;
+  }
+};
+
+/// The same view over a device copy of the buffer it points into.
+template <class TD, class TH, class TB, int R>
+alibi::tensor_view<TD, R> rebase(const alibi::tensor_view<TH, R>& v, const TB* host_base,
+                                 TD* device_base) {
+  alibi::tensor_view<TD, R> d;
+  d.data = v.data ? device_base + (v.data - host_base) : nullptr;
+  for (int i = 0; i < R; ++i) {
+    d.extents[i] = v.extents[i];
+    d.strides[i] = v.strides[i];
+  }
+  return d;
+}
+
+template <class T>
+std::vector<T> convert(const std::vector<float>& x) {
+  std::vector<T> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = to_element<T>(x[i]);
+  return y;
+}
+
+/// Rounds the case's inputs to T in place (the oracle then sees exactly what the device does).
+template <class T>
+void round_inputs(case_data& c) {
+  for (auto* t : {&c.q, &c.k, &c.v})
+    for (float& x : t->buf) x = round_to<T>(x);
+}
+
+/// The case's tensors and per-batch arrays on the device, and the params pointing at them.
+template <class T>
+struct device_case {
+  device_buffer<T> q, k, v;
+  device_buffer<index_t> q_lengths, k_lengths, q_offsets, k_offsets;
+  device_buffer<char> key_mask;
+  device_buffer<float> slopes;
+  alibi::tensor_view<const T, 4> qv, kv, vv;
+  alibi::attention_params params;
+
+  explicit device_case(const case_data& c)
+      : q(convert<T>(c.q.buf)),
+        k(convert<T>(c.k.buf)),
+        v(convert<T>(c.v.buf)),
+        q_lengths(c.q_lengths),
+        k_lengths(c.k_lengths),
+        q_offsets(c.q_offsets),
+        k_offsets(c.k_offsets),
+        key_mask(c.key_mask),
+        slopes(c.slopes) {
+    qv = rebase<const T>(c.q.view, c.q.buf.data(), q.ptr);
+    kv = rebase<const T>(c.k.view, c.k.buf.data(), k.ptr);
+    vv = rebase<const T>(c.v.view, c.v.buf.data(), v.ptr);
+    params = c.params;
+    params.q_lengths = rebase<const index_t>(c.params.q_lengths, c.q_lengths.data(), q_lengths.ptr);
+    params.k_lengths = rebase<const index_t>(c.params.k_lengths, c.k_lengths.data(), k_lengths.ptr);
+    params.q_offsets = rebase<const index_t>(c.params.q_offsets, c.q_offsets.data(), q_offsets.ptr);
+    params.k_offsets = rebase<const index_t>(c.params.k_offsets, c.k_offsets.data(), k_offsets.ptr);
+    params.key_mask =
+        rebase<const bool>(c.params.key_mask, reinterpret_cast<const bool*>(c.key_mask.data()),
+                           reinterpret_cast<const bool*>(key_mask.ptr));
+    params.slopes.values = rebase<const float>(c.params.slopes.values, c.slopes.data(), slopes.ptr);
+  }
+};
+
+/// The sentinel the output buffers start with: exact in float, half and bfloat16.
+constexpr float sentinel = 640.0f;
+
+/// Runs the CUDA backend on a case (inputs rounded to T) and compares with the oracle.
+template <class T>
+comparison check_cuda(const case_spec& spec, cudaStream_t stream = nullptr) {
+  case_data c(spec);
+  round_inputs<T>(c);
+  const oracle_result ref = run_oracle(c);
+  const naive_result naive = run_naive(c, [](float x) { return round_to<T>(x); });
+  device_case<T> dc(c);
+  padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.v_dim(), spec.bshd, sentinel);
+  device_buffer<T> out_d(convert<T>(out.buf));
+  std::vector<float> lse(static_cast<std::size_t>(spec.batch * spec.hq * spec.lq + 1), sentinel);
+  device_buffer<float> lse_d(lse);
+  alibi::attention_params p = dc.params;
+  p.logsumexp = alibi::make_view(lse_d.ptr, spec.batch, spec.hq, spec.lq);
+  alibi::attention(alibi::backend::cuda{stream}, dc.qv, dc.kv, dc.vv,
+                   rebase<T>(out.view, out.buf.data(), out_d.ptr), p);
+  cuda_ok(cudaStreamSynchronize(stream), "attention");
+  const std::vector<T> out_h = out_d.download();
+  for (std::size_t i = 0; i < out_h.size(); ++i) out.buf[i] = from_element<T>(out_h[i]);
+  lse = lse_d.download();
+  comparison r = compare(c, ref, naive, out, lse, element_eps<T>());
+  if (lse.back() != sentinel) ++r.guard_writes;
+  return r;
+}
+
+}  // namespace alibi_test

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: MIT
+// The CUDA backend against the double-precision oracle: the shared case list in float,
+// half and bfloat16, with aligned (cp.async) and odd (scalar) row strides, plus the split-KV
+// decode path, NaN containment, huge grids, streams and argument errors. Run by
+// alibi_cuda_tests, which reports "skipped" (exit code 77) when no GPU is present.
+#include <cuda_runtime.h>
+
+#include <alibi/cuda.cuh>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "cuda_common.cuh"
+
+using alibi::index_t;
+using alibi_test::case_spec;
+using alibi_test::comparison;
+
+namespace {
+
+bool supported(const case_spec& s) {
+  return (s.d == 32 || s.d == 64 || s.d == 96 || s.d == 128) && s.v_dim() == s.d;
+}
+
+template <class T>
+void run_grid(const std::vector<case_spec>& cases) {
+  for (case_spec spec : cases) {
+    for (bool aligned : {false, true}) {
+      spec.aligned = aligned;
+      INFO(alibi_test::element_name<T>() << ": " << spec.name());
+      if (!supported(spec)) {
+        // Unsupported head dims are an error, never a wrong answer.
+        alibi_test::case_data c(spec);
+        alibi_test::device_case<T> dc(c);
+        alibi_test::device_buffer<T> out(std::vector<T>(
+            static_cast<std::size_t>(spec.batch * spec.hq * spec.lq * spec.v_dim())));
+        const alibi::status st = alibi::can_implement(
+            alibi::backend::cuda{}, dc.qv, dc.kv, dc.vv,
+            alibi::make_view(out.ptr, spec.batch, spec.hq, spec.lq, spec.v_dim()), dc.params);
+        CHECK_FALSE(st.ok());
+        CHECK_THAT(st.message(), Catch::Contains("head_dim"));
+        continue;
+      }
+      const comparison r = alibi_test::check_cuda<T>(spec);
+      INFO(r.describe());
+      CHECK(r.ok());
+    }
+  }
+}
+
+std::vector<case_spec> scale_cases() {
+  std::vector<case_spec> cases;
+  for (float vs : {3.0f, 5.0f}) {
+    case_spec c;
+    c.lq = 200;
+    c.lk = 333;
+    c.hq = 4;
+    c.hkv = 2;
+    c.d = 64;
+    c.causal = true;
+    c.value_scale = vs;
+    c.seed = 11;
+    cases.push_back(c);
+  }
+  for (float ss : {0.0f, 16.0f, -0.5f}) {
+    case_spec c;
+    c.lq = 150;
+    c.lk = 600;
+    c.hq = 5;
+    c.hkv = 5;
+    c.d = 32;
+    c.slope_scale = ss;
+    c.seed = 12;
+    cases.push_back(c);
+  }
+  for (float sc : {0.0f, 1.2f}) {
+    case_spec c;
+    c.lq = 77;
+    c.lk = 77;
+    c.hq = 3;
+    c.hkv = 3;
+    c.d = 96;
+    c.scale = sc;
+    c.seed = 13;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+/// Decoding shapes: few query rows and long caches take the split-KV path.
+std::vector<case_spec> decode_cases() {
+  std::vector<case_spec> cases;
+  std::uint64_t seed = 500;
+  for (index_t lq : {1, 3, 16})
+    for (int variant = 0; variant < 3; ++variant) {
+      case_spec c;
+      c.lq = lq;
+      c.lk = 20000 + 77 * variant;
+      c.hq = 8;
+      c.hkv = variant == 0 ? 8 : variant == 1 ? 2 : 1;
+      c.batch = variant == 2 ? 3 : 1;
+      c.d = variant == 1 ? 64 : 128;
+      c.causal = true;
+      c.lengths = variant == 2;
+      c.key_mask = variant == 1;
+      c.offsets = variant == 0 && lq == 3;
+      c.window_left = variant == 0 && lq == 16 ? 5000 : -1;
+      c.bshd = variant == 1;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: float matches the reference on the case grid", "[cuda][grid]") {
+  run_grid<float>(alibi_test::grid_cases());
+}
+TEST_CASE("cuda: half matches the reference on the case grid", "[cuda][grid]") {
+  run_grid<__half>(alibi_test::grid_cases());
+}
+TEST_CASE("cuda: bfloat16 matches the reference on the case grid", "[cuda][grid]") {
+  run_grid<__nv_bfloat16>(alibi_test::grid_cases());
+}
+
+TEST_CASE("cuda: large inputs, large and negative slopes, custom scales", "[cuda]") {
+  run_grid<float>(scale_cases());
+  run_grid<__half>(scale_cases());
+  run_grid<__nv_bfloat16>(scale_cases());
+}
+
+TEST_CASE("cuda: split-KV decoding (GQA, lengths, key mask, offsets, window)", "[cuda][decode]") {
+  run_grid<float>(decode_cases());
+  run_grid<__half>(decode_cases());
+  run_grid<__nv_bfloat16>(decode_cases());
+}
+
+TEST_CASE("cuda: small subset for the sanitizers", "[cuda][sanitize]") {
+  std::vector<case_spec> cases;
+  const std::vector<case_spec> grid = alibi_test::grid_cases();
+  for (std::size_t i = 0; i < grid.size(); i += 5)
+    if (grid[i].lq * grid[i].lk <= 130 * 130) cases.push_back(grid[i]);
+  case_spec split;
+  split.lq = 2;
+  split.lk = 3000;
+  split.hq = 4;
+  split.hkv = 2;
+  split.d = 64;
+  split.causal = true;
+  split.lengths = true;
+  split.batch = 3;
+  cases.push_back(split);
+  run_grid<__nv_bfloat16>(cases);
+  run_grid<float>(cases);
+}
+
+TEST_CASE("cuda: NaN in a used V row reaches exactly the rows that attend to it", "[cuda]") {
+  // Causal: row i sees keys 0..i. A NaN in V row 40 must reach rows >= 40 only, although
+  // the tensor-core P V multiplies the zero probabilities of rows < 40 by it too.
+  for (int type = 0; type < 2; ++type) {
+    case_spec spec;
+    spec.lq = 100;
+    spec.lk = 100;
+    spec.hq = 2;
+    spec.hkv = 2;
+    spec.d = 64;
+    spec.causal = true;
+    spec.aligned = type == 1;
+    alibi_test::case_data c(spec);
+    alibi_test::round_inputs<__half>(c);
+    c.v.view(0, 1, 40, 7) = std::numeric_limits<float>::quiet_NaN();
+    const alibi_test::oracle_result ref = alibi_test::run_oracle(c);
+    alibi_test::device_case<__half> dc(c);
+    std::vector<__half> out_h(static_cast<std::size_t>(2 * 100 * 64));
+    alibi_test::device_buffer<__half> out(out_h);
+    alibi::attention(alibi::backend::cuda{}, dc.qv, dc.kv, dc.vv,
+                     alibi::make_view(out.ptr, 1, 2, 100, 64), dc.params);
+    alibi_test::cuda_ok(cudaDeviceSynchronize(), "attention");
+    out_h = out.download();
+    index_t wrong = 0;
+    for (index_t h = 0; h < 2; ++h)
+      for (index_t i = 0; i < 100; ++i)
+        for (index_t d = 0; d < 64; ++d) {
+          const float x =
+              alibi_test::from_element(out_h[static_cast<std::size_t>((h * 100 + i) * 64 + d)]);
+          const double want = ref.out[static_cast<std::size_t>((h * 100 + i) * 64 + d)];
+          const bool nan_expected = h == 1 && i >= 40 && d == 7;
+          if (nan_expected ? !std::isnan(x) : !(std::abs(x - want) <= 2e-2)) ++wrong;
+        }
+    CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("cuda: more than 65535 batch x heads, and a caller's stream", "[cuda]") {
+  case_spec spec;
+  spec.batch = 2;
+  spec.hq = 40000;
+  spec.hkv = 40000;
+  spec.lq = 2;
+  spec.lk = 3;
+  spec.d = 32;
+  spec.aligned = true;
+  spec.no_alibi = false;
+  cudaStream_t stream;
+  alibi_test::cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
+  const comparison r = alibi_test::check_cuda<__half>(spec, stream);
+  INFO(r.describe());
+  CHECK(r.ok());
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("cuda: empty problems and rows without keys", "[cuda]") {
+  case_spec spec;  // no keys at all: zeros and logsumexp -inf
+  spec.lq = 4;
+  spec.lk = 0;
+  spec.d = 64;
+  spec.hq = 2;
+  spec.hkv = 1;
+  spec.causal = true;
+  const comparison r = alibi_test::check_cuda<float>(spec);
+  INFO(r.describe());
+  CHECK(r.ok());
+  // q_len = 0 and batch = 0 launch nothing and succeed.
+  std::vector<float> dummy(64);
+  alibi_test::device_buffer<float> d(dummy);
+  auto empty = alibi::make_view<const float>(d.ptr, 1, 1, 0, 64);
+  auto kv = alibi::make_view<const float>(d.ptr, 1, 1, 1, 64);
+  CHECK_NOTHROW(alibi::attention(alibi::backend::cuda{}, empty, kv, kv,
+                                 alibi::make_view<float>(d.ptr, 1, 1, 0, 64)));
+}
+
+TEST_CASE("cuda: unsupported configurations are clear errors", "[cuda]") {
+  std::vector<float> host(4096);
+  alibi_test::device_buffer<float> d(host);
+  auto q = alibi::make_view<const float>(d.ptr, 1, 1, 4, 80);
+  auto out = alibi::make_view<float>(d.ptr, 1, 1, 4, 80);
+  CHECK_THROWS_WITH(alibi::attention(alibi::backend::cuda{}, q, q, q, out),
+                    Catch::Contains("head_dim (q.extent(3)) must be 32, 64, 96 or 128, got 80"));
+  auto q64 = alibi::make_view<const float>(d.ptr, 1, 1, 4, 64);
+  auto v32 = alibi::make_view<const float>(d.ptr, 1, 1, 4, 32);
+  auto out32 = alibi::make_view<float>(d.ptr, 1, 1, 4, 32);
+  CHECK_THROWS_WITH(alibi::attention(alibi::backend::cuda{}, q64, q64, v32, out32),
+                    Catch::Contains("v_head_dim (v.extent(3)) must equal head_dim = 64, got 32"));
+  std::vector<double> hd(256);
+  auto qd = alibi::make_view<const double>(hd.data(), 1, 1, 4, 64);
+  auto od = alibi::make_view<double>(hd.data(), 1, 1, 4, 64);
+  CHECK_FALSE(alibi::can_implement(alibi::backend::cuda{}, qd, qd, qd, od).ok());
+}
