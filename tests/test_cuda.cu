@@ -95,7 +95,7 @@ std::vector<case_spec> decode_cases() {
     for (int variant = 0; variant < 3; ++variant) {
       case_spec c;
       c.lq = lq;
-      c.lk = 20000 + 77 * variant;
+      c.lk = 5000 + 77 * variant;
       c.hq = 8;
       c.hkv = variant == 0 ? 8 : variant == 1 ? 2 : 1;
       c.batch = variant == 2 ? 3 : 1;

@@ -115,10 +115,11 @@ void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<c
   a.chunk = pt.chunk;
   if (pt.blocks == 0) return;
 
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(attention_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(Tr::smem_bytes));
-  check(attr, "cudaFuncSetAttribute(max dynamic shared memory)");
+  // Set on every call (a cheap host call): the attribute is per device, and the caller may
+  // switch devices between calls.
+  check(cudaFuncSetAttribute(attention_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(Tr::smem_bytes)),
+        "cudaFuncSetAttribute(max dynamic shared memory)");
 
   void* workspace = nullptr;
   if (pt.splits > 1) {

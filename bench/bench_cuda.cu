@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: MIT
+// GPU benchmarks of the CUDA backend (Google Benchmark, times from CUDA events): prefill
+// attention in bfloat16/half/float for D = 64 and 128, causal and not, L = 1024..16384 at
+// batch x heads = 32; decoding (q_len 1, k_len 32768) with MHA and GQA; and, measured in
+// the same process as ceilings, a cuBLAS bfloat16 GEMM and a device-to-device copy.
+// Counters: TFLOP/s (attention flops as usually counted, halved for causal) and, for the
+// decode and copy cases, GB/s of the bytes that must move.
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <alibi/cuda.cuh>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+using alibi::index_t;
+
+void ok(cudaError_t e) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+/// Deterministic pseudo-random normal-ish values (sum of uniforms), filled on the device.
+template <class T>
+__global__ void fill_random(T* x, index_t n, unsigned seed) {
+  for (index_t i = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<index_t>(gridDim.x) * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    float s = 0;
+    for (int r = 0; r < 4; ++r) {
+      h ^= h >> 13;
+      h *= 0x5bd1e995u;
+      h ^= h >> 15;
+      s += static_cast<float>(h & 0xFFFFFF) / 16777216.0f - 0.5f;
+    }
+    x[i] = alibi::cuda_detail::elem<T>::from_float(s * 1.7f);
+  }
+}
+
+template <class T>
+struct device_tensor {
+  T* ptr = nullptr;
+  index_t n = 0;
+  explicit device_tensor(index_t count, unsigned seed = 1) : n(count) {
+    ok(cudaMalloc(&ptr, sizeof(T) * static_cast<std::size_t>(n)));
+    fill_random<T><<<1024, 256>>>(ptr, n, seed);
+    ok(cudaGetLastError());
+  }
+  ~device_tensor() { cudaFree(ptr); }
+};
+
+/// Times `f` with CUDA events: one warm-up call, then one timed call per iteration.
+template <class F>
+void time_cuda(benchmark::State& state, F&& f) {
+  cudaEvent_t start, stop;
+  ok(cudaEventCreate(&start));
+  ok(cudaEventCreate(&stop));
+  f();
+  ok(cudaDeviceSynchronize());
+  for (auto _ : state) {
+    ok(cudaEventRecord(start));
+    f();
+    ok(cudaEventRecord(stop));
+    ok(cudaEventSynchronize(stop));
+    float ms = 0;
+    ok(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms / 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+template <class T>
+void BM_cuda_attention(benchmark::State& state) {
+  const index_t D = state.range(0), L = state.range(1);
+  const bool causal = state.range(2) != 0;
+  const index_t B = 2, H = 16;
+  device_tensor<T> q(B * H * L * D, 1), k(B * H * L * D, 2), v(B * H * L * D, 3),
+      out(B * H * L * D, 4);
+  alibi::attention_params params;
+  params.mask.causal = causal;
+  auto view = [&](T* p) { return alibi::make_view(p, B, H, L, D); };
+  time_cuda(state, [&] {
+    alibi::attention(alibi::backend::cuda{}, alibi::tensor_view<const T, 4>(view(q.ptr)),
+                     alibi::tensor_view<const T, 4>(view(k.ptr)),
+                     alibi::tensor_view<const T, 4>(view(v.ptr)), view(out.ptr), params);
+  });
+  const double flops = 4.0 * B * H * static_cast<double>(L) * L * D * (causal ? 0.5 : 1.0);
+  state.counters["TFLOPs"] =
+      benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// One decoding step: q_len 1 against a 32768-key cache; GB/s of the K and V bytes read.
+template <class T>
+void BM_cuda_decode(benchmark::State& state) {
+  const index_t Hkv = state.range(0), Hq = 32, D = 128, Lk = state.range(1), B = 1;
+  device_tensor<T> q(B * Hq * D, 1), k(B * Hkv * Lk * D, 2), v(B * Hkv * Lk * D, 3),
+      out(B * Hq * D, 4);
+  alibi::attention_params params;
+  params.mask.causal = true;
+  time_cuda(state, [&] {
+    alibi::attention(alibi::backend::cuda{}, alibi::make_view<const T>(q.ptr, B, Hq, 1, D),
+                     alibi::make_view<const T>(k.ptr, B, Hkv, Lk, D),
+                     alibi::make_view<const T>(v.ptr, B, Hkv, Lk, D),
+                     alibi::make_view(out.ptr, B, Hq, 1, D), params);
+  });
+  const double bytes = 2.0 * B * Hkv * Lk * D * sizeof(T);
+  state.counters["GBs"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// The bandwidth ceiling: a 4 GiB device-to-device copy (bytes read + written).
+void BM_copy_ceiling(benchmark::State& state) {
+  const std::size_t n = std::size_t(1) << 31;
+  void *a, *b;
+  ok(cudaMalloc(&a, n));
+  ok(cudaMalloc(&b, n));
+  ok(cudaMemset(a, 1, n));
+  time_cuda(state, [&] { ok(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); });
+  state.counters["GBs"] =
+      benchmark::Counter(2.0 * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+/// The matrix ceiling: an 8192^3 bfloat16 GEMM with fp32 accumulation through cuBLAS.
+void BM_cublas_bf16_gemm(benchmark::State& state) {
+  const int n = 8192;
+  device_tensor<__nv_bfloat16> a(index_t(n) * n, 5), b(index_t(n) * n, 6), c(index_t(n) * n, 7);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    state.SkipWithError("cublasCreate failed");
+    return;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  time_cuda(state, [&] {
+    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.ptr, CUDA_R_16BF, n, b.ptr,
+                 CUDA_R_16BF, n, &beta, c.ptr, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT);
+  });
+  state.counters["TFLOPs"] = benchmark::Counter(2.0 * n * n * static_cast<double>(n) * 1e-12,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  cublasDestroy(handle);
+}
+
+void prefill_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"D", "L", "causal"});
+  for (int d : {64, 128})
+    for (int causal : {1, 0})
+      for (int l : {1024, 2048, 4096, 8192, 16384}) b->Args({d, l, causal});
+  b->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+BENCHMARK(BM_copy_ceiling)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_cublas_bf16_gemm)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_cuda_attention, __nv_bfloat16)->Apply(prefill_args);
+BENCHMARK_TEMPLATE(BM_cuda_attention, __half)->Apply(prefill_args);
+BENCHMARK_TEMPLATE(BM_cuda_attention, float)
+    ->ArgNames({"D", "L", "causal"})
+    ->Args({64, 4096, 1})
+    ->Args({128, 4096, 1})
+    ->Args({128, 4096, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_cuda_decode, __nv_bfloat16)
+    ->ArgNames({"Hkv", "Lk"})
+    ->Args({32, 32768})
+    ->Args({8, 32768})
+    ->Args({32, 131072})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_cuda_decode, __half)
+    ->ArgNames({"Hkv", "Lk"})
+    ->Args({32, 32768})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();
