@@ -46,7 +46,8 @@ if [ -n "$torch_pid" ]; then
 fi
 
 step "cuda tests"
-timeout 240 ctest --test-dir build-gpu -L cuda --output-on-failure 2>&1 | tail -40 || status=1
+timeout 240 ctest --test-dir build-gpu -L cuda --output-on-failure >"$results/tests.log" 2>&1 || status=1
+grep -E "^(  |-|/).*(FAILED|failed|with expansion)|test cases|assertions|tests passed|Skipped|Passed|Failed" "$results/tests.log" | head -60
 
 step "compute-sanitizer memcheck and racecheck ([sanitize] subset)"
 for tool in memcheck racecheck; do
