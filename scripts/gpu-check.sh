@@ -64,6 +64,38 @@ step "GPU benchmarks"
 timeout 240 build-gpu/bench/alibi_cuda_bench --benchmark_min_time=0.1 --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_out="$results/bench.json" \
   --benchmark_out_format=json 2>&1 | grep -E "median|^Run|^---|^Benchmark" || status=1
+if [ "${ALIBI_EXPLORE:-0}" = 1 ]; then
+  step "kernel configuration variants (key shapes)"
+  deps_lib=$prefix/lib/x86_64-linux-gnu
+  variants=("mi1_w4_b2:-DALIBI_CUDA_M_TILES=1 -DALIBI_CUDA_MIN_BLOCKS=2"
+    "mi2_w4_b1_bn64:-DALIBI_CUDA_M_TILES=2 -DALIBI_CUDA_MIN_BLOCKS=1 -DALIBI_CUDA_BLOCK_N_WIDE=64"
+    "mi2_w4_b1_bn32:-DALIBI_CUDA_M_TILES=2 -DALIBI_CUDA_MIN_BLOCKS=1 -DALIBI_CUDA_BLOCK_N_WIDE=32"
+    "mi1_w8_b1:-DALIBI_CUDA_M_TILES=1 -DALIBI_CUDA_WARPS=8 -DALIBI_CUDA_MIN_BLOCKS=1")
+  for v in "${variants[@]}"; do
+    name=${v%%:*}
+    nvcc -O3 -std=c++17 -arch=sm_$arch ${v#*:} -Iinclude -I"$prefix/include" bench/bench_cuda.cu \
+      -L"$deps_lib" -l:libbenchmark.so.1.7.1 -lcublas -Xlinker -rpath="$deps_lib" \
+      -o "build-gpu/bench_$name" &
+  done
+  wait
+  for v in "${variants[@]}"; do
+    name=${v%%:*}
+    echo "--- $name"
+    timeout 60 "build-gpu/bench_$name" --benchmark_min_time=0.05 --benchmark_repetitions=3 \
+      --benchmark_report_aggregates_only=true \
+      --benchmark_filter='BM_cuda_attention<__nv_bfloat16>/D:(64|128)/L:(2048|8192)/causal:(0|1)|BM_cuda_decode<__nv_bfloat16>' \
+      2>&1 | grep median | sed 's/manual_time_median//'
+  done
+fi
+if [ "${ALIBI_NCU:-0}" = 1 ]; then
+  step "Nsight Compute on bf16 D=128 causal L=8192"
+  timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section LaunchStats -k regex:attention_kernel -c 1 \
+    build-gpu/bench/alibi_cuda_bench --benchmark_min_time=0.01 \
+    --benchmark_filter='BM_cuda_attention<__nv_bfloat16>/D:128/L:8192/causal:1' >"$results/ncu.txt" 2>&1
+  grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Warp Cycles|Stall|Block Limit|One or More|Issue" "$results/ncu.txt" | head -40
+fi
+
 step "alibi vs PyTorch"
 python3 scripts/gpu/compare.py "$results/bench.json" "$results/torch.json" || status=1
 exit $status

@@ -54,6 +54,13 @@ TEST_CASE("tile frames give the exact shifted distance and the allowed columns",
         for (index_t j0 = 0; j0 < 1000; j0 += 64)
           for (int lane_shift : {0, 2, 6}) {
             const ad::tile_frame tf = ad::make_tile_frame(f, j0 + lane_shift, 64);
+            // The compact 32-bit frame the CUDA kernel keeps gives the same tile frame.
+            const ad::tile_frame tf32 = ad::make_tile_frame(
+                ad::make_row_frame32(f), static_cast<std::int32_t>(j0 + lane_shift), 64);
+            REQUIRE(tf32.a == tf.a);
+            REQUIRE(tf32.b == tf.b);
+            REQUIRE(tf32.begin == tf.begin);
+            REQUIRE(tf32.end == tf.end);
             for (int c = 0; c < 64 && j0 + lane_shift + c < 1000; ++c) {
               const index_t j = j0 + lane_shift + c;
               const bool allowed = j >= kr.begin && j < kr.end;

@@ -47,6 +47,12 @@ def main():
     start = time.time()
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    # One compiled kernel per shape: lift dynamo's recompile limit (default 8), past which
+    # it silently falls back to the unfused eager implementation.
+    import torch._dynamo
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
     flex = torch.compile(flex_attention, dynamic=False)
     B, H = 2, 16
     slopes = alibi_slopes(H)

@@ -83,6 +83,39 @@ ALIBI_HOST_DEVICE ALIBI_FORCEINLINE tile_frame make_tile_frame(const row_frame& 
   return tf;
 }
 
+/// A row frame in 32-bit integers, for kernels whose registers are scarce (k_len < 2^28):
+/// the allowed key range and t0 -+ shift, clamped so that every tile's clamped value below
+/// is unchanged (tiles start at key indices below 2^28).
+struct row_frame32 {
+  std::int32_t a0 = 0, b0 = 0, begin = 0, end = 0;
+};
+
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE row_frame32 make_row_frame32(const row_frame& f) {
+  constexpr index_t lo = -(index_t(1) << 30), hi = (index_t(1) << 30) + (index_t(1) << 28);
+  row_frame32 r;
+  r.a0 = static_cast<std::int32_t>(clamp_index(f.t0 - f.shift, lo, hi));
+  r.b0 = static_cast<std::int32_t>(clamp_index(f.t0 + f.shift, lo, hi));
+  r.begin = static_cast<std::int32_t>(clamp_index(f.begin, 0, hi));
+  r.end = static_cast<std::int32_t>(clamp_index(f.end, 0, hi));
+  return r;
+}
+
+/// The same tile frame as make_tile_frame(f, j0, cols) for j0 in [0, 2^28).
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE tile_frame make_tile_frame(const row_frame32& f,
+                                                               std::int32_t j0, int cols) {
+  constexpr std::int32_t lim = std::int32_t(1) << 30;
+  auto clamp32 = [](std::int32_t x, std::int32_t lo, std::int32_t hi) {
+    return x < lo ? lo : x > hi ? hi : x;
+  };
+  tile_frame tf;
+  tf.a = static_cast<float>(clamp32(f.a0 - j0, -lim, lim));
+  tf.b = static_cast<float>(clamp32(f.b0 - j0, -lim, lim));
+  tf.begin = clamp32(f.begin - j0, 0, cols);
+  tf.end = clamp32(f.end - j0, 0, cols);
+  if (tf.end < tf.begin) tf.end = tf.begin;
+  return tf;
+}
+
 /// |q_pos - k_pos| - shift for column c of the tile (exact below 2^24).
 ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float tile_distance(const tile_frame& tf, float c) {
   return fmaxf(tf.a - c, c - tf.b);

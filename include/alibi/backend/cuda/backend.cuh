@@ -72,22 +72,22 @@ struct partition {
 };
 
 template <class Tr>
-partition make_partition(const attention_problem& p, int sms) {
+partition make_partition(const attention_problem& p, index_t slots) {
   partition pt;
   const index_t bm = Tr::block_m, bn = Tr::block_n;
   pt.row_tiles = (p.q_len * p.group_size() + bm - 1) / bm;
   const index_t items = pt.row_tiles * p.batch * p.kv_heads;
   pt.chunk = (p.k_len + bn - 1) / bn * bn;
-  // Split the keys when the row tiles alone cannot fill the device (decoding: few query
-  // rows, a long cache): about two blocks per multiprocessor, chunks of at least 8 tiles.
-  // The partition depends on the shapes only, so results do not depend on the device.
-  constexpr index_t min_chunk_tiles = 8;
+  // Split the keys when the row tiles alone leave resident-block slots of the device empty
+  // (decoding: few query rows, a long cache): as many chunks as fill the slots in one
+  // wave, each of at least 4 tiles. The partition depends on the shapes and the device's
+  // slot count only.
+  constexpr index_t min_chunk_tiles = 4;
   const index_t k_tiles = pt.chunk / bn;
-  if (items > 0 && items < sms && k_tiles >= 2 * min_chunk_tiles) {
-    index_t splits = (2 * static_cast<index_t>(sms) + items - 1) / items;
+  if (items > 0 && 2 * items <= slots && k_tiles >= 2 * min_chunk_tiles) {
+    index_t splits = slots / items;
     const index_t max_splits = k_tiles / min_chunk_tiles;
     splits = splits < max_splits ? splits : max_splits;
-    splits = splits < 128 ? splits : 128;
     if (splits > 1) {
       pt.chunk = (k_tiles + splits - 1) / splits * bn;
       pt.splits = (p.k_len + pt.chunk - 1) / pt.chunk;
@@ -109,17 +109,21 @@ void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<c
   a.v = v;
   a.out = out;
   a.aligned = rows_aligned(q) && rows_aligned(k) && rows_aligned(v);
-  const partition pt = make_partition<Tr>(p, multiprocessors());
-  a.row_tiles = pt.row_tiles;
-  a.splits = pt.splits;
-  a.chunk = pt.chunk;
-  if (pt.blocks == 0) return;
-
   // Set on every call (a cheap host call): the attribute is per device, and the caller may
   // switch devices between calls.
   check(cudaFuncSetAttribute(attention_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(Tr::smem_bytes)),
         "cudaFuncSetAttribute(max dynamic shared memory)");
+  int per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<Tr>, Tr::threads,
+                                                      Tr::smem_bytes),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  const partition pt =
+      make_partition<Tr>(p, static_cast<index_t>(per_sm > 0 ? per_sm : 1) * multiprocessors());
+  a.row_tiles = pt.row_tiles;
+  a.splits = pt.splits;
+  a.chunk = pt.chunk;
+  if (pt.blocks == 0) return;
 
   void* workspace = nullptr;
   if (pt.splits > 1) {

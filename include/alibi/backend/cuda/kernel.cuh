@@ -15,6 +15,23 @@
 #include "alibi/detail/mma_layout.hpp"
 #include "alibi/detail/tile_rows.hpp"
 
+// Tuning knobs of the kernel configuration (defaults measured on an H200; see the README).
+#ifndef ALIBI_CUDA_WARPS
+#define ALIBI_CUDA_WARPS 4
+#endif
+#ifndef ALIBI_CUDA_M_TILES
+#define ALIBI_CUDA_M_TILES 2
+#endif
+#ifndef ALIBI_CUDA_MIN_BLOCKS
+#define ALIBI_CUDA_MIN_BLOCKS 1
+#endif
+#ifndef ALIBI_CUDA_BLOCK_N_WIDE
+#define ALIBI_CUDA_BLOCK_N_WIDE 64
+#endif
+#ifndef ALIBI_CUDA_Q_REGS_LIMIT
+#define ALIBI_CUDA_Q_REGS_LIMIT 128
+#endif
+
 namespace alibi {
 namespace cuda_detail {
 
@@ -30,22 +47,33 @@ struct kernel_traits {
   using element = T;
   static constexpr bool tensor_cores = !std::is_same<T, float>::value;
   static constexpr int head_dim = D;
-  static constexpr int warps = 4;
+  static constexpr int warps = ALIBI_CUDA_WARPS;
   static constexpr int threads = 32 * warps;
-  static constexpr int block_m = 16 * warps;  // packed query rows per block, 16 per warp
+  static constexpr int min_blocks = ALIBI_CUDA_MIN_BLOCKS;  // resident blocks per SM to aim for
+  // 16-row m tiles per warp: two let every K/V fragment loaded from shared memory feed two
+  // tensor-core products (half the shared-memory traffic per flop), at the cost of twice
+  // the accumulator registers.
+  static constexpr int m_tiles = tensor_cores ? ALIBI_CUDA_M_TILES : 1;
+  static constexpr int warp_rows = 16 * m_tiles;
+  static constexpr int block_m = warp_rows * warps;  // packed query rows per block
   // Keys per tile: as many as the registers allow (the S tile is block_n / 8 accumulator
-  // tiles per warp), fewer for fp32 whose products come from shared memory.
-  static constexpr int block_n = tensor_cores ? (D <= 64 ? 128 : 64) : 32;
-  static constexpr int n_tiles = block_n / 8;  // 16x8 accumulator tiles of S per warp
-  static constexpr int d_tiles = D / 8;        // 16x8 accumulator tiles of O per warp
+  // tiles per m tile), fewer for fp32 whose products come from shared memory.
+  static constexpr int block_n =
+      tensor_cores ? (D <= 64 ? (m_tiles == 1 ? 128 : 64) : ALIBI_CUDA_BLOCK_N_WIDE) : 32;
+  static constexpr int n_tiles = block_n / 8;  // 16x8 accumulator tiles of S per m tile
+  static constexpr int d_tiles = D / 8;        // 16x8 accumulator tiles of O per m tile
+  // Q fragments stay in registers when they fit beside the accumulators.
+  static constexpr bool q_in_regs = tensor_cores && m_tiles * D <= ALIBI_CUDA_Q_REGS_LIMIT;
   static constexpr int vec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte copy
   // Shared-memory rows are padded by 16 bytes: the 8 rows an ldmatrix (or a 16-byte
   // load pass) touches then start in 8 different bank groups, without conflicts.
   static constexpr int ld = D + vec;
   static constexpr int p_ld = block_n + 4;  // fp32 P rows (FMA path only), padded likewise
+  // Q, two K and two V tiles (the next tile loads while this one is used), the key-mask
+  // flags of both, and the fp32 P tile of the FMA path.
   static constexpr std::size_t smem_bytes =
-      sizeof(T) * static_cast<std::size_t>((block_m + 2 * block_n) * ld) + sizeof(float) * block_n +
-      (tensor_cores ? 0 : sizeof(float) * block_m * p_ld);
+      sizeof(T) * static_cast<std::size_t>((block_m + 4 * block_n) * ld) +
+      sizeof(float) * 2 * block_n + (tensor_cores ? 0 : sizeof(float) * block_m * p_ld);
 };
 
 /// The kernel's arguments (trivially copyable).
@@ -169,18 +197,19 @@ struct row_writer {
 };
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::threads)
+__global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
     attention_kernel(const fwd_args<typename Tr::element> a) {
   using T = typename Tr::element;
   constexpr int D = Tr::head_dim, BM = Tr::block_m, BN = Tr::block_n, LD = Tr::ld;
-  constexpr int NT = Tr::n_tiles, DT = Tr::d_tiles;
+  constexpr int NT = Tr::n_tiles, DT = Tr::d_tiles, MI = Tr::m_tiles, WR = Tr::warp_rows;
+  constexpr int R = 2 * MI;  // rows per thread: m tile mi holds rows lane/4 and lane/4 + 8
   const float neg_inf = detail::neg_inf_f();
   extern __shared__ __align__(16) unsigned char smem[];
-  T* s_q = reinterpret_cast<T*>(smem);                          // (BM, LD) query rows
-  T* s_k = s_q + BM * LD;                                       // (BN, LD) key tile
-  T* s_v = s_k + BN * LD;                                       // (BN, LD) value tile
-  float* s_key_bias = reinterpret_cast<float*>(s_v + BN * LD);  // (BN) 0 or -inf (key mask)
-  float* s_p = s_key_bias + BN;                                 // (BM, p_ld) fp32 P (FMA path)
+  T* s_q = reinterpret_cast<T*>(smem);                             // (BM, LD) query rows
+  T* s_k0 = s_q + BM * LD;                                         // 2 x (BN, LD) key tiles
+  T* s_v0 = s_k0 + 2 * BN * LD;                                    // 2 x (BN, LD) value tiles
+  float* s_flags0 = reinterpret_cast<float*>(s_v0 + 2 * BN * LD);  // 2 x (BN) 0 / -inf (key mask)
+  float* s_p = s_flags0 + 2 * BN;                                  // (BM, p_ld) fp32 P (FMA path)
 
   const attention_problem& p = a.p;
   const index_t group = p.group_size();
@@ -198,21 +227,21 @@ __global__ void __launch_bounds__(Tr::threads)
   const bool has_key_mask = p.key_mask.data != nullptr;
   const row_writer<T> writer{a, split, b};
 
-  // This thread's two rows: rows lane/4 and lane/4 + 8 of its warp's 16.
-  row_frame fr[2];
-  index_t row_h[2], row_i[2];
-  bool row_in[2];
-  float m[2], l[2], neg_slope_l2[2];
+  // This thread's rows: slot s = 2 mi + k is packed row row_of(s), i.e. row 16 mi +
+  // lane/4 + 8 k of the warp's rows. Kept compact (32-bit frames): registers are scarce.
+  auto row_of = [&](int s) { return row0 + warp * WR + 16 * (s / 2) + lane / 4 + 8 * (s % 2); };
+  detail::row_frame32 fr[R];
+  float m[R], l[R], neg_slope_l2[R];
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const index_t r = row0 + warp * 16 + lane / 4 + 8 * k;
-    row_in[k] = r < packed_rows;
-    row_i[k] = r / group;
-    row_h[k] = kvh * group + r % group;
-    fr[k] = row_in[k] ? detail::make_row_frame(p, b, row_h[k], row_i[k]) : row_frame{};
-    m[k] = neg_inf;
-    l[k] = 0.0f;
-    neg_slope_l2[k] = -fr[k].slope * detail::log2e_f;
+  for (int s = 0; s < R; ++s) {
+    const index_t r = row_of(s);
+    const row_frame f = r < packed_rows
+                            ? detail::make_row_frame(p, b, kvh * group + r % group, r / group)
+                            : row_frame{};
+    fr[s] = detail::make_row_frame32(f);
+    m[s] = neg_inf;
+    l[s] = 0.0f;
+    neg_slope_l2[s] = -f.slope * detail::log2e_f;
   }
   const float scale_l2 = p.scale * detail::log2e_f;
 
@@ -235,68 +264,115 @@ __global__ void __launch_bounds__(Tr::threads)
   const index_t tile_first = key_lo / BN;
   const index_t tile_end = key_hi > key_lo ? (key_hi + BN - 1) / BN : tile_first;
 
-  float acc_o[DT][4];
+  float acc_o[MI][DT][4];
 #pragma unroll
-  for (int n = 0; n < DT; ++n)
+  for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc_o[n][e] = 0.0f;
+    for (int n = 0; n < DT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mi][n][e] = 0.0f;
 
   auto q_row = [&](int r) -> const T* {
     const index_t pr = row0 + r, i = pr / group;
     return pr < packed_rows && i < lq ? a.q.ptr(b, kvh * group + pr % group, i) : nullptr;
   };
-  auto stage_keys = [&](T* dst, const tensor_view<const T, 4>& src, index_t j0, bool flags) {
-    stage_rows<Tr>(dst, BN, a.aligned, [&](int r) -> const T* {
-      const index_t j = j0 + r;
-      return j < lk && !p.key_excluded(b, j) ? src.ptr(b, kvh, j) : nullptr;
-    });
-    if (flags && has_key_mask)
+  // Stages key tile t (K, V and the key-mask flags) into buffer t % 2. Keys past the
+  // length and keys the mask excludes are zero-filled, never read.
+  auto stage_tile = [&](index_t t) {
+    const index_t j0 = t * BN;
+    const int buf = static_cast<int>(t & 1);
+    auto key_row = [&](const tensor_view<const T, 4>& src) {
+      return [&, j0](int r) -> const T* {
+        const index_t j = j0 + r;
+        return j < lk && !p.key_excluded(b, j) ? src.ptr(b, kvh, j) : nullptr;
+      };
+    };
+    stage_rows<Tr>(s_k0 + buf * BN * LD, BN, a.aligned, key_row(a.k));
+    stage_rows<Tr>(s_v0 + buf * BN * LD, BN, a.aligned, key_row(a.v));
+    if (has_key_mask)
       for (int r = threadIdx.x; r < BN; r += Tr::threads)
-        s_key_bias[r] = j0 + r < lk && p.key_excluded(b, j0 + r) ? neg_inf : 0.0f;
+        s_flags0[buf * BN + r] = j0 + r < lk && p.key_excluded(b, j0 + r) ? neg_inf : 0.0f;
   };
+  // Warps whose rows are all padding skip the arithmetic (decoding fills one warp).
+  bool has_rows = false;
+#pragma unroll
+  for (int s = 0; s < R; ++s) has_rows = has_rows || fr[s].end > fr[s].begin;
+  const bool warp_active = __any_sync(0xffffffffu, has_rows);
+  const T* s_qw = s_q + warp * WR * LD;  // this warp's query rows
 
-  std::uint32_t q_frag[Tr::tensor_cores ? D / 16 : 1][4];
+  std::uint32_t q_frag[Tr::q_in_regs ? MI : 1][Tr::q_in_regs ? D / 16 : 1][4];
   if (tile_end > tile_first) {
     stage_rows<Tr>(s_q, BM, a.aligned, q_row);
-    stage_keys(s_k, a.k, (tile_end - 1) * BN, true);
+    stage_tile(tile_end - 1);
     cp_async_commit();
   }
   for (index_t t = tile_end - 1; t >= tile_first; --t) {
-    const index_t j0 = t * BN;
-    cp_async_wait_all();
-    __syncthreads();  // K(t) (and Q) have landed; every warp is done with the V buffer
-    if constexpr (Tr::tensor_cores) {
+    const std::int32_t j0 = static_cast<std::int32_t>(t * BN);  // k_len < 2^28
+    const int buf = static_cast<int>(t & 1);
+    const T* s_k = s_k0 + buf * BN * LD;
+    const T* s_v = s_v0 + buf * BN * LD;
+    const float* s_flags = s_flags0 + buf * BN;
+    // Prefetch the next tile into the other buffer (free: every warp passed the barrier at
+    // the end of the previous iteration), then wait for this one only.
+    if (t > tile_first) {
+      stage_tile(t - 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile t (and Q) have landed for every thread
+    if (!warp_active) {
+      __syncthreads();
+      continue;
+    }
+    const detail::lane_offset qo = detail::ldsm_a(lane);
+    if constexpr (Tr::q_in_regs) {
       if (t == tile_end - 1) {
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          const detail::lane_offset o = detail::ldsm_a(lane);
-          ldmatrix_x4(q_frag[ks], s_q + (warp * 16 + o.row) * LD + ks * 16 + o.col);
-        }
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks)
+            ldmatrix_x4(q_frag[mi][ks], s_qw + (16 * mi + qo.row) * LD + ks * 16 + qo.col);
       }
     }
-    stage_keys(s_v, a.v, j0, false);
-    cp_async_commit();
 
-    // S = Q K^T for this warp's 16 rows: acc_s[n][e] is row acc_element(lane, e).row,
-    // key column 8 n + acc_element(lane, e).col.
-    float acc_s[NT][4];
+    // S = Q K^T for this warp's rows: acc_s[mi][n][e] is row 16 mi + acc_element(lane,
+    // e).row, key column 8 n + acc_element(lane, e).col.
+    float acc_s[MI][NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+    for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[n][e] = 0.0f;
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mi][n][e] = 0.0f;
     if constexpr (Tr::tensor_cores) {
+      const detail::lane_offset ko = detail::ldsm_b_nmajor(lane);
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
+      for (int ks = 0; ks < D / 16; ++ks) {
+        std::uint32_t qa[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+          if constexpr (Tr::q_in_regs) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) qa[mi][r] = q_frag[mi][ks][r];
+          } else {
+            ldmatrix_x4(qa[mi], s_qw + (16 * mi + qo.row) * LD + ks * 16 + qo.col);
+          }
+        }
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           std::uint32_t kb[4];
-          const detail::lane_offset o = detail::ldsm_b_nmajor(lane);
-          ldmatrix_x4(kb, s_k + (np * 16 + o.row) * LD + ks * 16 + o.col);
-          mma_16816<T>(acc_s[2 * np], q_frag[ks], kb[0], kb[1]);
-          mma_16816<T>(acc_s[2 * np + 1], q_frag[ks], kb[2], kb[3]);
+          ldmatrix_x4(kb, s_k + (np * 16 + ko.row) * LD + ks * 16 + ko.col);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            mma_16816<T>(acc_s[mi][2 * np], qa[mi], kb[0], kb[1]);
+            mma_16816<T>(acc_s[mi][2 * np + 1], qa[mi], kb[2], kb[3]);
+          }
         }
+      }
     } else {
-      const float* q0 = s_q + (warp * 16 + lane / 4) * LD;
+      const float* q0 = s_qw + (lane / 4) * LD;
       const float* q1 = q0 + 8 * LD;
 #pragma unroll 4
       for (int d = 0; d < D; d += 4) {
@@ -307,8 +383,8 @@ __global__ void __launch_bounds__(Tr::threads)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const float4 y = *reinterpret_cast<const float4*>(s_k + (n * 8 + 2 * tq + c) * LD + d);
-            acc_s[n][c] += x0.x * y.x + x0.y * y.y + x0.z * y.z + x0.w * y.w;
-            acc_s[n][2 + c] += x1.x * y.x + x1.y * y.y + x1.z * y.z + x1.w * y.w;
+            acc_s[0][n][c] += x0.x * y.x + x0.y * y.y + x0.z * y.z + x0.w * y.w;
+            acc_s[0][n][2 + c] += x1.x * y.x + x1.y * y.y + x1.z * y.z + x1.w * y.w;
           }
       }
     }
@@ -317,81 +393,82 @@ __global__ void __launch_bounds__(Tr::threads)
     // so each element's column is a compile-time constant.
     bool inside = true;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) inside = inside && fr[k].begin <= j0 && fr[k].end >= j0 + BN;
+    for (int s = 0; s < R; ++s) inside = inside && fr[s].begin <= j0 && fr[s].end >= j0 + BN;
     const bool masked = has_key_mask || !__all_sync(0xffffffffu, inside);
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const detail::tile_frame tf = detail::make_tile_frame(fr[k], j0 + 2 * tq, BN);
+    for (int s = 0; s < R; ++s) {
+      const int mi = s / 2, k = s % 2;
+      const detail::tile_frame tf = detail::make_tile_frame(fr[s], j0 + 2 * tq, BN);
       float mx = neg_inf;
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int col = n * 8 + c;
-          float x = detail::score_l2(acc_s[n][2 * k + c], scale_l2, neg_slope_l2[k],
+          float x = detail::score_l2(acc_s[mi][n][2 * k + c], scale_l2, neg_slope_l2[s],
                                      detail::tile_distance(tf, static_cast<float>(col)));
           if (masked) {
             if (col < tf.begin || col >= tf.end) x = neg_inf;
-            if (has_key_mask) x += s_key_bias[col + 2 * tq];
+            if (has_key_mask) x += s_flags[col + 2 * tq];
           }
-          acc_s[n][2 * k + c] = x;
+          acc_s[mi][n][2 * k + c] = x;
           mx = fmaxf(mx, x);
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const detail::online_step st = detail::online_update(m[k], mx);
-      m[k] = st.m;
+      const detail::online_step st = detail::online_update(m[s], mx);
+      m[s] = st.m;
       float sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const float pv = detail::fast_exp2(acc_s[n][2 * k + c] - st.ref);
-          acc_s[n][2 * k + c] = pv;
+          const float pv = detail::fast_exp2(acc_s[mi][n][2 * k + c] - st.ref);
+          acc_s[mi][n][2 * k + c] = pv;
           sum += pv;
         }
-      l[k] = l[k] * st.factor + sum;  // this thread's columns only; summed over the quad at the end
+      l[s] = l[s] * st.factor + sum;  // this thread's columns only; summed over the quad at the end
 #pragma unroll
       for (int n = 0; n < DT; ++n) {
-        acc_o[n][2 * k] *= st.factor;
-        acc_o[n][2 * k + 1] *= st.factor;
+        acc_o[mi][n][2 * k] *= st.factor;
+        acc_o[mi][n][2 * k + 1] *= st.factor;
       }
-    }
-
-    cp_async_wait_all();
-    __syncthreads();  // V(t) has landed; every warp is done with the K buffer
-    if (t > tile_first) {
-      stage_keys(s_k, a.k, j0 - BN, true);
-      cp_async_commit();
     }
 
     // O += P V.
     if constexpr (Tr::tensor_cores) {
+      const detail::lane_offset vo = detail::ldsm_b_kmajor(lane);
 #pragma unroll
       for (int kk = 0; kk < NT / 2; ++kk) {
         // The accumulators of two adjacent S tiles are exactly an A fragment (rows x 16 keys).
-        const std::uint32_t pa[4] = {elem<T>::pack(acc_s[2 * kk][0], acc_s[2 * kk][1]),
-                                     elem<T>::pack(acc_s[2 * kk][2], acc_s[2 * kk][3]),
-                                     elem<T>::pack(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]),
-                                     elem<T>::pack(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3])};
+        std::uint32_t pa[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+          pa[mi][0] = elem<T>::pack(acc_s[mi][2 * kk][0], acc_s[mi][2 * kk][1]);
+          pa[mi][1] = elem<T>::pack(acc_s[mi][2 * kk][2], acc_s[mi][2 * kk][3]);
+          pa[mi][2] = elem<T>::pack(acc_s[mi][2 * kk + 1][0], acc_s[mi][2 * kk + 1][1]);
+          pa[mi][3] = elem<T>::pack(acc_s[mi][2 * kk + 1][2], acc_s[mi][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < DT / 2; ++dp) {
           std::uint32_t vb[4];
-          const detail::lane_offset o = detail::ldsm_b_kmajor(lane);
-          ldmatrix_x4_trans(vb, s_v + (kk * 16 + o.row) * LD + dp * 16 + o.col);
-          mma_16816<T>(acc_o[2 * dp], pa, vb[0], vb[1]);
-          mma_16816<T>(acc_o[2 * dp + 1], pa, vb[2], vb[3]);
+          ldmatrix_x4_trans(vb, s_v + (kk * 16 + vo.row) * LD + dp * 16 + vo.col);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            mma_16816<T>(acc_o[mi][2 * dp], pa[mi], vb[0], vb[1]);
+            mma_16816<T>(acc_o[mi][2 * dp + 1], pa[mi], vb[2], vb[3]);
+          }
         }
       }
     } else {
-      float* p0 = s_p + (warp * 16 + lane / 4) * Tr::p_ld;
+      float* p0 = s_p + (warp * WR + lane / 4) * Tr::p_ld;
       float* p1 = p0 + 8 * Tr::p_ld;
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          p0[n * 8 + 2 * tq + c] = acc_s[n][c];
-          p1[n * 8 + 2 * tq + c] = acc_s[n][2 + c];
+          p0[n * 8 + 2 * tq + c] = acc_s[0][n][c];
+          p1[n * 8 + 2 * tq + c] = acc_s[0][n][2 + c];
         }
       __syncwarp();
 #pragma unroll 4
@@ -400,60 +477,64 @@ __global__ void __launch_bounds__(Tr::threads)
 #pragma unroll
         for (int n = 0; n < DT; ++n) {
           const float2 y = *reinterpret_cast<const float2*>(s_v + j * LD + n * 8 + 2 * tq);
-          acc_o[n][0] += w0 * y.x;
-          acc_o[n][1] += w0 * y.y;
-          acc_o[n][2] += w1 * y.x;
-          acc_o[n][3] += w1 * y.y;
+          acc_o[0][n][0] += w0 * y.x;
+          acc_o[0][n][1] += w0 * y.y;
+          acc_o[0][n][2] += w1 * y.x;
+          acc_o[0][n][3] += w1 * y.y;
         }
       }
       __syncwarp();
     }
+    __syncthreads();  // every warp is done with buffer t % 2 before it is refilled
   }
 
   // Epilogue: sum l over the quad, normalize, and send rows whose result is not finite
   // through the careful path.
-  bool bad[2];
+  unsigned bad_mask[R];
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    l[k] += __shfl_xor_sync(0xffffffffu, l[k], 1);
-    l[k] += __shfl_xor_sync(0xffffffffu, l[k], 2);
-    const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
-    bool finite = l[k] == l[k];
+  for (int s = 0; s < R; ++s) {
+    const int mi = s / 2, k = s % 2;
+    l[s] += __shfl_xor_sync(0xffffffffu, l[s], 1);
+    l[s] += __shfl_xor_sync(0xffffffffu, l[s], 2);
+    const float inv = l[s] > 0.0f ? 1.0f / l[s] : 0.0f;
+    bool finite = l[s] == l[s];
 #pragma unroll
     for (int n = 0; n < DT; ++n)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float x = acc_o[n][2 * k + c] * inv;
-        acc_o[n][2 * k + c] = x;
+        const float x = acc_o[mi][n][2 * k + c] * inv;
+        acc_o[mi][n][2 * k + c] = x;
         finite = finite && isfinite(x);
       }
-    bad[k] = row_in[k] && !finite;
+    bad_mask[s] = __ballot_sync(0xffffffffu, row_of(s) < packed_rows && !finite);
   }
-  const unsigned bad0 = __ballot_sync(0xffffffffu, bad[0]),
-                 bad1 = __ballot_sync(0xffffffffu, bad[1]);
+  unsigned any_bad = 0;
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const unsigned quad_bad = ((k == 0 ? bad0 : bad1) >> (lane & ~3)) & 0xFu;
-    if (!row_in[k] || quad_bad) continue;
+  for (int s = 0; s < R; ++s) {
+    const int mi = s / 2, k = s % 2;
+    any_bad |= bad_mask[s];
+    const unsigned quad_bad = (bad_mask[s] >> (lane & ~3)) & 0xFu;
+    const index_t r = row_of(s), i = r / group, h = kvh * group + r % group;
+    if (r >= packed_rows || quad_bad) continue;
 #pragma unroll
     for (int n = 0; n < DT; ++n)
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
-        writer.value(row_h[k], row_i[k], n * 8 + 2 * tq + c, acc_o[n][2 * k + c]);
-    if (tq == 0) writer.stats(row_h[k], row_i[k], m[k], l[k], fr[k]);
+      for (int c = 0; c < 2; ++c) writer.value(h, i, n * 8 + 2 * tq + c, acc_o[mi][n][2 * k + c]);
+    if (tq == 0) writer.stats(h, i, m[s], l[s], detail::make_row_frame(p, b, h, i));
   }
-  if (bad0 | bad1) {
-    for (int rr = 0; rr < 16; ++rr) {
-      const unsigned mask = rr < 8 ? bad0 : bad1;
-      if (((mask >> ((rr % 8) * 4)) & 0xFu) == 0) continue;
-      const index_t r = row0 + warp * 16 + rr, i = r / group, h = kvh * group + r % group;
-      const row_frame f = detail::make_row_frame(p, b, h, i);
-      float o[D / 32], mm, ll;
-      careful_row<T, D>(a, b, h, i, f, split * a.chunk, split * a.chunk + a.chunk, o, mm, ll);
+  if (any_bad) {
+    for (int s = 0; s < R; ++s)
+      for (int g = 0; g < 8; ++g) {
+        if (((bad_mask[s] >> (4 * g)) & 0xFu) == 0) continue;
+        const index_t r = row0 + warp * WR + 16 * (s / 2) + g + 8 * (s % 2);
+        const index_t i = r / group, h = kvh * group + r % group;
+        const row_frame f = detail::make_row_frame(p, b, h, i);
+        float o[D / 32], mm, ll;
+        careful_row<T, D>(a, b, h, i, f, split * a.chunk, split * a.chunk + a.chunk, o, mm, ll);
 #pragma unroll
-      for (int u = 0; u < D / 32; ++u) writer.value(h, i, lane + 32 * u, o[u]);
-      if (lane == 0) writer.stats(h, i, mm, ll, f);
-    }
+        for (int u = 0; u < D / 32; ++u) writer.value(h, i, lane + 32 * u, o[u]);
+        if (lane == 0) writer.stats(h, i, mm, ll, f);
+      }
   }
 }
 
