@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -57,6 +58,28 @@ inline int multiprocessors() {
   return n;
 }
 
+/// The stream-ordered memory pool of the split-KV workspace on `device`: alibi's own pool,
+/// which keeps freed memory (release threshold: never), so that the workspace of each
+/// decoding step is a reuse rather than an allocation from the driver. The caller's default
+/// pool is left untouched. One pool per device, created on first use.
+inline cudaMemPool_t workspace_pool(int device) {
+  static std::mutex mutex;
+  static cudaMemPool_t pools[64] = {};
+  if (device < 0 || device >= 64) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!pools[device]) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    check(cudaMemPoolCreate(&pools[device], &props), "cudaMemPoolCreate (split-KV workspace)");
+    std::uint64_t keep = ~std::uint64_t(0);
+    check(cudaMemPoolSetAttribute(pools[device], cudaMemPoolAttrReleaseThreshold, &keep),
+          "cudaMemPoolSetAttribute");
+  }
+  return pools[device];
+}
+
 template <class T, int R>
 bool rows_aligned(const tensor_view<T, R>& v) {
   if (reinterpret_cast<std::uintptr_t>(v.data) % 16 != 0) return false;
@@ -97,10 +120,10 @@ partition make_partition(const attention_problem& p, index_t slots) {
   return pt;
 }
 
-template <class T, int D>
-void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-            tensor_view<const T, 4> v, tensor_view<T, 4> out, cudaStream_t stream) {
-  using Tr = kernel_traits<T, D>;
+template <class Tr, class T = typename Tr::element>
+void launch_instance(const attention_problem& p, tensor_view<const T, 4> q,
+                     tensor_view<const T, 4> k, tensor_view<const T, 4> v, tensor_view<T, 4> out,
+                     cudaStream_t stream) {
   fwd_args<T> a;
   a.p = p;
   a.p.stats = nullptr;  // host memory: never passed to the device
@@ -130,7 +153,12 @@ void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<c
     const index_t rows = p.batch * p.q_heads * p.q_len;
     const std::size_t bytes =
         sizeof(float) * static_cast<std::size_t>(pt.splits * rows * (p.head_dim + 1));
-    check(cudaMallocAsync(&workspace, bytes, stream), "cudaMallocAsync (split-KV workspace)");
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    cudaMemPool_t pool = workspace_pool(device);
+    check(pool ? cudaMallocFromPoolAsync(&workspace, bytes, pool, stream)
+               : cudaMallocAsync(&workspace, bytes, stream),
+          "cudaMallocAsync (split-KV workspace)");
     a.part_o = static_cast<float*>(workspace);
     a.part_lse = a.part_o + pt.splits * rows * p.head_dim;
   }
@@ -147,6 +175,20 @@ void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<c
     if (launched == cudaSuccess) launched = freed;
   }
   check(launched, "attention kernel launch");
+}
+
+/// Picks the kernel instance: the decoding one when every row of a (batch, kv head) fits
+/// one 16-row tile (q_len x group <= 16) and tensor cores are used, the general one else.
+template <class T, int D>
+void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+            tensor_view<const T, 4> v, tensor_view<T, 4> out, cudaStream_t stream) {
+  if constexpr (!std::is_same<T, float>::value) {
+    if (p.q_len * p.group_size() <= 16) {
+      launch_instance<kernel_traits<T, D, true>>(p, q, k, v, out, stream);
+      return;
+    }
+  }
+  launch_instance<kernel_traits<T, D>>(p, q, k, v, out, stream);
 }
 
 }  // namespace cuda_detail

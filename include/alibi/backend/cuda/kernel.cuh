@@ -41,27 +41,36 @@ using detail::row_frame;
 /// The compile-time configuration of one kernel instance. half/bfloat16 use tensor cores
 /// (mma.sync m16n8k16, fp32 accumulation); float uses FMA with the same per-thread
 /// ownership of score and output elements, so the softmax code is shared.
-template <class T, int D>
+/// `Decode`: the instance for at most 16 packed query rows (decoding steps), where the
+/// warps of a block split each key tile between them instead of the rows, and merge their
+/// partial softmax states at the end; otherwise one warp computing for a single row would
+/// set the pace of the whole block. Tensor-core types only.
+template <class T, int D, bool Decode = false>
 struct kernel_traits {
   static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dims 32, 64, 96, 128");
   using element = T;
   static constexpr bool tensor_cores = !std::is_same<T, float>::value;
+  static_assert(!Decode || tensor_cores, "the decoding instance uses tensor cores");
   static constexpr int head_dim = D;
-  static constexpr int warps = ALIBI_CUDA_WARPS;
+  static constexpr int warps = Decode ? 4 : ALIBI_CUDA_WARPS;
   static constexpr int threads = 32 * warps;
-  static constexpr int min_blocks = ALIBI_CUDA_MIN_BLOCKS;  // resident blocks per SM to aim for
+  static constexpr int min_blocks = Decode ? 2 : ALIBI_CUDA_MIN_BLOCKS;  // resident blocks per SM
+  static constexpr int key_warps = Decode ? warps : 1;  // warps sharing the same rows
   // 16-row m tiles per warp: two let every K/V fragment loaded from shared memory feed two
   // tensor-core products (half the shared-memory traffic per flop), at the cost of twice
   // the accumulator registers.
-  static constexpr int m_tiles = tensor_cores ? ALIBI_CUDA_M_TILES : 1;
+  static constexpr int m_tiles = tensor_cores && !Decode ? ALIBI_CUDA_M_TILES : 1;
   static constexpr int warp_rows = 16 * m_tiles;
-  static constexpr int block_m = warp_rows * warps;  // packed query rows per block
+  static constexpr int block_m = warp_rows * (warps / key_warps);  // packed query rows per block
   // Keys per tile: as many as the registers allow (the S tile is block_n / 8 accumulator
   // tiles per m tile), fewer for fp32 whose products come from shared memory.
   static constexpr int block_n =
-      tensor_cores ? (D <= 64 ? (m_tiles == 1 ? 128 : 64) : ALIBI_CUDA_BLOCK_N_WIDE) : 32;
-  static constexpr int n_tiles = block_n / 8;  // 16x8 accumulator tiles of S per m tile
-  static constexpr int d_tiles = D / 8;        // 16x8 accumulator tiles of O per m tile
+      Decode         ? 128
+      : tensor_cores ? (D <= 64 ? (m_tiles == 1 ? 128 : 64) : ALIBI_CUDA_BLOCK_N_WIDE)
+                     : 32;
+  static constexpr int warp_keys = block_n / key_warps;  // keys of a tile per warp
+  static constexpr int n_tiles = warp_keys / 8;          // 16x8 accumulator tiles of S per m tile
+  static constexpr int d_tiles = D / 8;                  // 16x8 accumulator tiles of O per m tile
   // Q fragments stay in registers when they fit beside the accumulators.
   static constexpr bool q_in_regs = tensor_cores && m_tiles * D <= ALIBI_CUDA_Q_REGS_LIMIT;
   static constexpr int vec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte copy
@@ -202,6 +211,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   using T = typename Tr::element;
   constexpr int D = Tr::head_dim, BM = Tr::block_m, BN = Tr::block_n, LD = Tr::ld;
   constexpr int NT = Tr::n_tiles, DT = Tr::d_tiles, MI = Tr::m_tiles, WR = Tr::warp_rows;
+  constexpr int KW = Tr::key_warps;
   constexpr int R = 2 * MI;  // rows per thread: m tile mi holds rows lane/4 and lane/4 + 8
   const float neg_inf = detail::neg_inf_f();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -224,12 +234,15 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   const index_t row0 = rt * BM, packed_rows = p.q_len * group;
   const index_t lq = p.len_q(b), lk = p.len_k(b);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+  // Warps split the rows, or (decoding) each key tile: wrow is the warp's row group, koff
+  // the first of its keys within a tile.
+  const int wrow = warp / KW, koff = (warp % KW) * Tr::warp_keys;
   const bool has_key_mask = p.key_mask.data != nullptr;
   const row_writer<T> writer{a, split, b};
 
   // This thread's rows: slot s = 2 mi + k is packed row row_of(s), i.e. row 16 mi +
   // lane/4 + 8 k of the warp's rows. Kept compact (32-bit frames): registers are scarce.
-  auto row_of = [&](int s) { return row0 + warp * WR + 16 * (s / 2) + lane / 4 + 8 * (s % 2); };
+  auto row_of = [&](int s) { return row0 + wrow * WR + 16 * (s / 2) + lane / 4 + 8 * (s % 2); };
   detail::row_frame32 fr[R];
   float m[R], l[R], neg_slope_l2[R];
 #pragma unroll
@@ -276,19 +289,23 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
     const index_t pr = row0 + r, i = pr / group;
     return pr < packed_rows && i < lq ? a.q.ptr(b, kvh * group + pr % group, i) : nullptr;
   };
+  // This block's K and V rows: key j at base + j * stride.
+  const T* const k_base = a.k.ptr(b, kvh);
+  const T* const v_base = a.v.ptr(b, kvh);
+  const index_t k_stride = a.k.strides[2], v_stride = a.v.strides[2];
   // Stages key tile t (K, V and the key-mask flags) into buffer t % 2. Keys past the
   // length and keys the mask excludes are zero-filled, never read.
   auto stage_tile = [&](index_t t) {
     const index_t j0 = t * BN;
     const int buf = static_cast<int>(t & 1);
-    auto key_row = [&](const tensor_view<const T, 4>& src) {
-      return [&, j0](int r) -> const T* {
+    auto key_row = [&](const T* base, index_t stride) {
+      return [=, &p](int r) -> const T* {
         const index_t j = j0 + r;
-        return j < lk && !p.key_excluded(b, j) ? src.ptr(b, kvh, j) : nullptr;
+        return j < lk && !(has_key_mask && p.key_mask(b, j)) ? base + j * stride : nullptr;
       };
     };
-    stage_rows<Tr>(s_k0 + buf * BN * LD, BN, a.aligned, key_row(a.k));
-    stage_rows<Tr>(s_v0 + buf * BN * LD, BN, a.aligned, key_row(a.v));
+    stage_rows<Tr>(s_k0 + buf * BN * LD, BN, a.aligned, key_row(k_base, k_stride));
+    stage_rows<Tr>(s_v0 + buf * BN * LD, BN, a.aligned, key_row(v_base, v_stride));
     if (has_key_mask)
       for (int r = threadIdx.x; r < BN; r += Tr::threads)
         s_flags0[buf * BN + r] = j0 + r < lk && p.key_excluded(b, j0 + r) ? neg_inf : 0.0f;
@@ -298,7 +315,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
 #pragma unroll
   for (int s = 0; s < R; ++s) has_rows = has_rows || fr[s].end > fr[s].begin;
   const bool warp_active = __any_sync(0xffffffffu, has_rows);
-  const T* s_qw = s_q + warp * WR * LD;  // this warp's query rows
+  const T* s_qw = s_q + wrow * WR * LD;  // this warp's query rows
 
   std::uint32_t q_frag[Tr::q_in_regs ? MI : 1][Tr::q_in_regs ? D / 16 : 1][4];
   if (tile_end > tile_first) {
@@ -363,7 +380,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           std::uint32_t kb[4];
-          ldmatrix_x4(kb, s_k + (np * 16 + ko.row) * LD + ks * 16 + ko.col);
+          ldmatrix_x4(kb, s_k + (koff + np * 16 + ko.row) * LD + ks * 16 + ko.col);
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
             mma_16816<T>(acc_s[mi][2 * np], qa[mi], kb[0], kb[1]);
@@ -391,29 +408,58 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
 
     // Bias, masks and the online softmax. Columns are relative to key j0 + 2 * (lane % 4),
     // so each element's column is a compile-time constant.
-    bool inside = true;
+    bool inside = true, left = true, right = true;
 #pragma unroll
-    for (int s = 0; s < R; ++s) inside = inside && fr[s].begin <= j0 && fr[s].end >= j0 + BN;
+    for (int s = 0; s < R; ++s) {
+      inside = inside && fr[s].begin <= j0 && fr[s].end >= j0 + BN;
+      // Every key of the tile on one side of the query (a + b = 2 t when not clamped):
+      // the distance is a - c (left) or c - b (right) for every column.
+      const detail::tile_frame tf = detail::make_tile_frame(fr[s], j0, BN);
+      left = left && tf.a + tf.b >= 2.0f * (BN - 1);
+      right = right && tf.a + tf.b <= 0.0f;
+    }
     const bool masked = has_key_mask || !__all_sync(0xffffffffu, inside);
+    // 0: general max(a - c, c - b); 1: a - c; 2: c - b. The same float operations as
+    // tile_distance on its chosen side, so results do not depend on the path.
+    const int side = __all_sync(0xffffffffu, left) ? 1 : __all_sync(0xffffffffu, right) ? 2 : 0;
+    // Scores in base 2 with bias and masks, one instance per side (side is warp-uniform).
+    auto score_tile = [&](auto side_tag) {
+      constexpr int sd = decltype(side_tag)::value;
+#pragma unroll
+      for (int s = 0; s < R; ++s) {
+        const int mi = s / 2, k = s % 2;
+        const detail::tile_frame tf = detail::make_tile_frame(fr[s], j0 + koff + 2 * tq, BN);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int col = n * 8 + c;
+            const float fc = static_cast<float>(col);
+            const float dist = sd == 1   ? tf.a - fc
+                               : sd == 2 ? fc - tf.b
+                                         : detail::tile_distance(tf, fc);
+            float x = detail::score_l2(acc_s[mi][n][2 * k + c], scale_l2, neg_slope_l2[s], dist);
+            if (masked) {
+              if (col < tf.begin || col >= tf.end) x = neg_inf;
+              if (has_key_mask) x += s_flags[koff + col + 2 * tq];
+            }
+            acc_s[mi][n][2 * k + c] = x;
+          }
+      }
+    };
+    if (side == 1)
+      score_tile(std::integral_constant<int, 1>{});
+    else if (side == 2)
+      score_tile(std::integral_constant<int, 2>{});
+    else
+      score_tile(std::integral_constant<int, 0>{});
 #pragma unroll
     for (int s = 0; s < R; ++s) {
       const int mi = s / 2, k = s % 2;
-      const detail::tile_frame tf = detail::make_tile_frame(fr[s], j0 + 2 * tq, BN);
       float mx = neg_inf;
 #pragma unroll
       for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int col = n * 8 + c;
-          float x = detail::score_l2(acc_s[mi][n][2 * k + c], scale_l2, neg_slope_l2[s],
-                                     detail::tile_distance(tf, static_cast<float>(col)));
-          if (masked) {
-            if (col < tf.begin || col >= tf.end) x = neg_inf;
-            if (has_key_mask) x += s_flags[col + 2 * tq];
-          }
-          acc_s[mi][n][2 * k + c] = x;
-          mx = fmaxf(mx, x);
-        }
+        mx = fmaxf(mx, fmaxf(acc_s[mi][n][2 * k], acc_s[mi][n][2 * k + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const detail::online_step st = detail::online_update(m[s], mx);
@@ -428,10 +474,14 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
           sum += pv;
         }
       l[s] = l[s] * st.factor + sum;  // this thread's columns only; summed over the quad at the end
+      // Nearest tiles come first, so the maximum rarely grows after the first tile: skip
+      // the rescale when no row of the warp needs it.
+      if (!__all_sync(0xffffffffu, st.factor == 1.0f)) {
 #pragma unroll
-      for (int n = 0; n < DT; ++n) {
-        acc_o[mi][n][2 * k] *= st.factor;
-        acc_o[mi][n][2 * k + 1] *= st.factor;
+        for (int n = 0; n < DT; ++n) {
+          acc_o[mi][n][2 * k] *= st.factor;
+          acc_o[mi][n][2 * k + 1] *= st.factor;
+        }
       }
     }
 
@@ -452,7 +502,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
 #pragma unroll
         for (int dp = 0; dp < DT / 2; ++dp) {
           std::uint32_t vb[4];
-          ldmatrix_x4_trans(vb, s_v + (kk * 16 + vo.row) * LD + dp * 16 + vo.col);
+          ldmatrix_x4_trans(vb, s_v + (koff + kk * 16 + vo.row) * LD + dp * 16 + vo.col);
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
             mma_16816<T>(acc_o[mi][2 * dp], pa[mi], vb[0], vb[1]);
@@ -461,7 +511,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
         }
       }
     } else {
-      float* p0 = s_p + (warp * WR + lane / 4) * Tr::p_ld;
+      float* p0 = s_p + (wrow * WR + lane / 4) * Tr::p_ld;
       float* p1 = p0 + 8 * Tr::p_ld;
 #pragma unroll
       for (int n = 0; n < NT; ++n)
@@ -488,14 +538,63 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
     __syncthreads();  // every warp is done with buffer t % 2 before it is refilled
   }
 
-  // Epilogue: sum l over the quad, normalize, and send rows whose result is not finite
-  // through the careful path.
+  // Epilogue: sum l over the quad, merge the key warps' states (decoding), normalize, and
+  // send rows whose result is not finite through the careful path.
+#pragma unroll
+  for (int s = 0; s < R; ++s) {
+    l[s] += __shfl_xor_sync(0xffffffffu, l[s], 1);
+    l[s] += __shfl_xor_sync(0xffffffffu, l[s], 2);
+  }
+  if constexpr (KW > 1) {
+    static_assert(MI == 1, "key warps share one m tile");
+    // Every warp passed the loop's last barrier (or never entered it): the K buffers are
+    // free. Layout: m and l (KW, 16), then O (KW, 16, D), fp32.
+    float* red = reinterpret_cast<float*>(s_k0);
+    const int w = warp % KW;
+    if (tile_end <= tile_first) __syncthreads();
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int row = lane / 4 + 8 * s;
+      if (tq == 0) {
+        red[w * 16 + row] = m[s];
+        red[KW * 16 + w * 16 + row] = l[s];
+      }
+#pragma unroll
+      for (int n = 0; n < DT; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          red[2 * KW * 16 + (w * 16 + row) * D + n * 8 + 2 * tq + c] = acc_o[0][n][2 * s + c];
+    }
+    __syncthreads();
+    if (w != 0) return;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int row = lane / 4 + 8 * s;
+      float mx = neg_inf;
+      for (int v = 0; v < KW; ++v) mx = fmaxf(mx, red[v * 16 + row]);
+      float lsum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < DT; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) acc_o[0][n][2 * s + c] = 0.0f;
+      for (int v = 0; v < KW; ++v) {
+        const detail::online_step st = detail::online_update(red[v * 16 + row], mx);
+        lsum += red[KW * 16 + v * 16 + row] * st.factor;
+#pragma unroll
+        for (int n = 0; n < DT; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            acc_o[0][n][2 * s + c] +=
+                red[2 * KW * 16 + (v * 16 + row) * D + n * 8 + 2 * tq + c] * st.factor;
+      }
+      m[s] = mx;
+      l[s] = lsum;
+    }
+  }
   unsigned bad_mask[R];
 #pragma unroll
   for (int s = 0; s < R; ++s) {
     const int mi = s / 2, k = s % 2;
-    l[s] += __shfl_xor_sync(0xffffffffu, l[s], 1);
-    l[s] += __shfl_xor_sync(0xffffffffu, l[s], 2);
     const float inv = l[s] > 0.0f ? 1.0f / l[s] : 0.0f;
     bool finite = l[s] == l[s];
 #pragma unroll
@@ -526,7 +625,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
     for (int s = 0; s < R; ++s)
       for (int g = 0; g < 8; ++g) {
         if (((bad_mask[s] >> (4 * g)) & 0xFu) == 0) continue;
-        const index_t r = row0 + warp * WR + 16 * (s / 2) + g + 8 * (s % 2);
+        const index_t r = row0 + wrow * WR + 16 * (s / 2) + g + 8 * (s % 2);
         const index_t i = r / group, h = kvh * group + r % group;
         const row_frame f = detail::make_row_frame(p, b, h, i);
         float o[D / 32], mm, ll;
