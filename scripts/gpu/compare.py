@@ -58,7 +58,8 @@ def main():
             print(f"decode {m.group(1)} q_len 1, Hq 32, Hkv {m.group(2)}, k_len {m.group(3)}: "
                   f"{b['real_time']:.1f} us, K/V read at {gbs:.0f} GB/s = "
                   f"{gbs / 4800:.2f} of the 4.8 TB/s datasheet HBM bandwidth, "
-                  f"{gbs / (ceil_copy / 2) if ceil_copy else 0:.2f} of the measured copy read rate")
+                  f"{gbs / ceil_copy if ceil_copy else 0:.2f} of the copy's HBM traffic "
+                  f"measured in this run")
 
 
 if __name__ == "__main__":
