@@ -11,3 +11,7 @@ for example in slopes_and_bias quickstart; do
   echo "== examples/${example}.cpp"
   "$build/examples/alibi_example_${example}"
 done
+
+echo
+echo "== a quick run of the benchmark suite (scripts/bench-suite.sh; lengths up to 1024)"
+ALIBI_SUITE_QUICK=1 scripts/bench-suite.sh
