@@ -3,7 +3,7 @@
 # 8 heads, batch 1, L = 128..16384, causal and not) on every path this build has (seed
 # algorithm in fp32, fused CPU with 1 thread and with every hardware thread, and the CUDA
 # backend in float/half/bfloat16 when built and a GPU is present), median of 3 repetitions,
-# JSON into bench/results/suite-<host>-<date>/, a table on stdout and the PNG plots into
+# JSON into bench/results/suite-<date>/, a table on stdout and the PNG plots into
 # docs/plots/ (installs python3-matplotlib if missing).
 #   ALIBI_SUITE_QUICK=1  lengths up to 1024, one repetition (what the demo runs)
 set -euo pipefail
@@ -23,7 +23,7 @@ if [ "${ALIBI_SUITE_QUICK:-0}" = 1 ]; then
   args=(--benchmark_min_time=0.05)
   filter='L:(128|256|512|1024)/'
 fi
-out=bench/results/suite-$(hostname -s)-$(date +%Y-%m-%d)
+out=bench/results/suite-$(date +%Y-%m-%d)
 [ "${ALIBI_SUITE_QUICK:-0}" = 1 ] && out=$build/suite-quick
 mkdir -p "$out"
 jsons=("$out/cpu.json")
