@@ -10,20 +10,17 @@
 #include <cuda_runtime.h>
 
 #include <alibi/cuda.cuh>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include "cuda_timing.cuh"
 
 namespace {
 
 using alibi::index_t;
-
-void ok(cudaError_t e) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using alibi_bench::ok;
+using alibi_bench::time_cuda;
 
 /// Deterministic pseudo-random normal-ish values (sum of uniforms), filled on the device.
 template <class T>
@@ -53,27 +50,6 @@ struct device_tensor {
   }
   ~device_tensor() { cudaFree(ptr); }
 };
-
-/// Times `f` with CUDA events: one warm-up call, then one timed call per iteration.
-template <class F>
-void time_cuda(benchmark::State& state, F&& f) {
-  cudaEvent_t start, stop;
-  ok(cudaEventCreate(&start));
-  ok(cudaEventCreate(&stop));
-  f();
-  ok(cudaDeviceSynchronize());
-  for (auto _ : state) {
-    ok(cudaEventRecord(start));
-    f();
-    ok(cudaEventRecord(stop));
-    ok(cudaEventSynchronize(stop));
-    float ms = 0;
-    ok(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms / 1e3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
 
 template <class T>
 void BM_cuda_attention(benchmark::State& state) {

@@ -8,21 +8,18 @@
 #include <cuda_runtime.h>
 
 #include <alibi/cuda.cuh>
+
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+#include "cuda_timing.cuh"
 
 namespace {
 
 using alibi::index_t;
+using alibi_bench::ok;
+using alibi_bench::time_cuda;
 constexpr index_t heads = 8, dim = 64;
-
-void ok(cudaError_t e) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
 
 template <class T>
 void BM_suite_cuda(benchmark::State& state) {
@@ -53,28 +50,15 @@ void BM_suite_cuda(benchmark::State& state) {
   cudaMemPool_t pool = alibi::cuda_detail::workspace_pool(device);
   std::uint64_t zero = 0, high = 0;
   ok(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
-  run();
+  run();  // the measured call (time_cuda's warm-up repeats it)
   ok(cudaDeviceSynchronize());
   ok(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
-  cudaEvent_t start, stop;
-  ok(cudaEventCreate(&start));
-  ok(cudaEventCreate(&stop));
-  for (auto _ : state) {
-    ok(cudaEventRecord(start));
-    run();
-    ok(cudaEventRecord(stop));
-    ok(cudaEventSynchronize(stop));
-    float ms = 0;
-    ok(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms / 1e3);
-  }
+  time_cuda(state, run);
   state.counters["GFLOP/s"] = benchmark::Counter(
       4.0 * heads * static_cast<double>(len) * len * dim * (causal ? 0.5 : 1.0) / 1e9,
       benchmark::Counter::kIsIterationInvariantRate);
   state.counters["peak_extra_MiB"] = static_cast<double>(high) / (1 << 20);
   state.counters["tensors_MiB"] = 4.0 * n * sizeof(T) / (1 << 20);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   for (T* p : {q, k, v, out}) cudaFree(p);
 }
 

@@ -70,55 +70,50 @@ def plots(rows, contexts, out_dir):
     labels = sorted({k[0] for k in rows})
     when = describe(contexts)
     written = []
-    for what, key, unit, fname in (("Time per call", "ms", "ms", "suite_time.png"),
-                                    ("Peak extra memory per call", "mem", "MiB", "suite_memory.png")):
+
+    def figure(series, ylabel, title, fname):
+        """Two log-log panels (causal, non-causal); series(causal) -> [(label, [(L, y)])]."""
         fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
         for ax, causal in zip(axes, (1, 0)):
-            for lab in labels:
-                pts = sorted((k[2], v[key]) for k, v in rows.items() if k[0] == lab and k[1] == causal)
-                # A log axis cannot show 0: values below 0.01 MiB are drawn at 0.01.
-                pts = [(L, max(y, 0.01)) for L, y in pts if y >= 0]
+            for lab, pts in series(causal):
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=lab)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("sequence length L (q_len = k_len)")
-            ax.set_title(f"{'causal' if causal else 'non-causal'}")
+            ax.set_title("causal" if causal else "non-causal")
             ax.grid(True, which="both", alpha=0.3)
-        axes[0].set_ylabel(f"{what.lower()} [{unit}]")
+        axes[0].set_ylabel(ylabel)
         axes[1].legend(fontsize=8)
-        fig.suptitle(f"ALiBi attention, seed configuration (embed 512, 8 heads, batch 1): "
-                     f"{what.lower()}\n{when}", fontsize=10)
+        fig.suptitle(f"{title}\n{when}", fontsize=10)
         fig.tight_layout()
         path = os.path.join(out_dir, fname)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
+
+    for what, key, unit, fname in (("Time per call", "ms", "ms", "suite_time.png"),
+                                    ("Peak extra memory per call", "mem", "MiB", "suite_memory.png")):
+        def series(causal, key=key):
+            # A log axis cannot show 0: values below 0.01 are drawn at 0.01.
+            return [(lab, [(L, max(y, 0.01)) for L, y in sorted(
+                (k[2], v[key]) for k, v in rows.items() if k[0] == lab and k[1] == causal)
+                if y >= 0]) for lab in labels]
+        figure(series, f"{what.lower()} [{unit}]",
+               f"ALiBi attention, seed configuration (embed 512, 8 heads, batch 1): {what.lower()}",
+               fname)
     gpu = [lab for lab in labels if lab.startswith("cuda")]
     cpu = [lab for lab in labels if lab.startswith("fused cpu")]
     if gpu and cpu:
         base = max(cpu)  # the multithreaded fused CPU line
-        fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-        for ax, causal in zip(axes, (1, 0)):
-            for lab in gpu:
-                pts = sorted((k[2], rows[(base, causal, k[2])]["ms"] / v["ms"])
-                             for k, v in rows.items()
-                             if k[0] == lab and k[1] == causal and (base, causal, k[2]) in rows)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=lab)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("sequence length L")
-            ax.set_title(f"{'causal' if causal else 'non-causal'}")
-            ax.grid(True, which="both", alpha=0.3)
-        axes[0].set_ylabel(f"speedup over {base} [x]")
-        axes[1].legend(fontsize=8)
-        fig.suptitle(f"GPU vs CPU, seed configuration\n{when}", fontsize=10)
-        fig.tight_layout()
-        path = os.path.join(out_dir, "suite_speedup.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+
+        def speedups(causal):
+            return [(lab, sorted((k[2], rows[(base, causal, k[2])]["ms"] / v["ms"])
+                                 for k, v in rows.items()
+                                 if k[0] == lab and k[1] == causal and (base, causal, k[2]) in rows))
+                    for lab in gpu]
+        figure(speedups, f"speedup over {base} [x]", "GPU vs CPU, seed configuration",
+               "suite_speedup.png")
     for p in written:
         print("wrote", p)
 

@@ -429,4 +429,45 @@ inline std::vector<case_spec> grid_cases() {
   return cases;
 }
 
+/// Inputs x3/x5 (nearly one-hot softmax), slope scales 0, 16 and -0.5, scales 0 and 1.2:
+/// the cases beside the grid that every fused backend runs.
+inline std::vector<case_spec> scale_cases() {
+  std::vector<case_spec> cases;
+  for (float vs : {3.0f, 5.0f}) {
+    case_spec c;
+    c.lq = 200;
+    c.lk = 333;
+    c.hq = 4;
+    c.hkv = 2;
+    c.d = 64;
+    c.causal = true;
+    c.value_scale = vs;  // logits ~ 25 sqrt(D): the softmax is nearly one-hot
+    c.seed = 11;
+    cases.push_back(c);
+  }
+  for (float ss : {0.0f, 16.0f, -0.5f}) {
+    case_spec c;
+    c.lq = 150;
+    c.lk = 600;
+    c.hq = 5;
+    c.hkv = 5;
+    c.d = 32;
+    c.slope_scale = ss;
+    c.seed = 12;
+    cases.push_back(c);
+  }
+  for (float sc : {0.0f, 1.2f}) {
+    case_spec c;
+    c.lq = 77;
+    c.lk = 77;
+    c.hq = 3;
+    c.hkv = 3;
+    c.d = 96;
+    c.scale = sc;
+    c.seed = 13;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 }  // namespace alibi_test

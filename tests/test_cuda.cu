@@ -48,45 +48,6 @@ void run_grid(const std::vector<case_spec>& cases) {
   }
 }
 
-std::vector<case_spec> scale_cases() {
-  std::vector<case_spec> cases;
-  for (float vs : {3.0f, 5.0f}) {
-    case_spec c;
-    c.lq = 200;
-    c.lk = 333;
-    c.hq = 4;
-    c.hkv = 2;
-    c.d = 64;
-    c.causal = true;
-    c.value_scale = vs;
-    c.seed = 11;
-    cases.push_back(c);
-  }
-  for (float ss : {0.0f, 16.0f, -0.5f}) {
-    case_spec c;
-    c.lq = 150;
-    c.lk = 600;
-    c.hq = 5;
-    c.hkv = 5;
-    c.d = 32;
-    c.slope_scale = ss;
-    c.seed = 12;
-    cases.push_back(c);
-  }
-  for (float sc : {0.0f, 1.2f}) {
-    case_spec c;
-    c.lq = 77;
-    c.lk = 77;
-    c.hq = 3;
-    c.hkv = 3;
-    c.d = 96;
-    c.scale = sc;
-    c.seed = 13;
-    cases.push_back(c);
-  }
-  return cases;
-}
-
 /// Decoding shapes: few query rows and long caches take the split-KV path.
 std::vector<case_spec> decode_cases() {
   std::vector<case_spec> cases;
@@ -125,9 +86,9 @@ TEST_CASE("cuda: bfloat16 matches the reference on the case grid", "[cuda][grid]
 }
 
 TEST_CASE("cuda: large inputs, large and negative slopes, custom scales", "[cuda]") {
-  run_grid<float>(scale_cases());
-  run_grid<__half>(scale_cases());
-  run_grid<__nv_bfloat16>(scale_cases());
+  run_grid<float>(alibi_test::scale_cases());
+  run_grid<__half>(alibi_test::scale_cases());
+  run_grid<__nv_bfloat16>(alibi_test::scale_cases());
 }
 
 TEST_CASE("cuda: split-KV decoding (GQA, lengths, key mask, offsets, window)", "[cuda][decode]") {

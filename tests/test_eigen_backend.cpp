@@ -26,41 +26,7 @@ TEST_CASE("eigen backend matches the reference on the case grid", "[eigen][grid]
 }
 
 TEST_CASE("eigen backend on large inputs, large slopes, custom scales", "[eigen][grid][heavy]") {
-  std::vector<case_spec> cases;
-  for (float vs : {3.0f, 5.0f}) {
-    case_spec c;
-    c.lq = 200;
-    c.lk = 333;
-    c.hq = 4;
-    c.hkv = 2;
-    c.d = 64;
-    c.causal = true;
-    c.value_scale = vs;  // logits ~ 25 sqrt(D): the softmax is nearly one-hot
-    c.seed = 11;
-    cases.push_back(c);
-  }
-  for (float ss : {0.0f, 16.0f, -0.5f}) {
-    case_spec c;
-    c.lq = 150;
-    c.lk = 600;
-    c.hq = 5;
-    c.hkv = 5;
-    c.d = 32;
-    c.slope_scale = ss;
-    c.seed = 12;
-    cases.push_back(c);
-  }
-  for (float sc : {0.0f, 1.2f}) {
-    case_spec c;
-    c.lq = 77;
-    c.lk = 77;
-    c.hq = 3;
-    c.hkv = 3;
-    c.d = 96;
-    c.scale = sc;
-    c.seed = 13;
-    cases.push_back(c);
-  }
+  std::vector<case_spec> cases = alibi_test::scale_cases();
   {
     case_spec c;  // v head dim differs from q/k head dim
     c.lq = 65;
@@ -90,7 +56,8 @@ TEST_CASE("eigen backend on large inputs, large slopes, custom scales", "[eigen]
   }
 }
 
-TEST_CASE("eigen backend results do not depend on the thread count", "[eigen][determinism][heavy]") {
+TEST_CASE("eigen backend results do not depend on the thread count",
+          "[eigen][determinism][heavy]") {
   std::vector<case_spec> cases(3);
   cases[0].batch = 2, cases[0].hq = 6, cases[0].hkv = 3, cases[0].lq = 300, cases[0].lk = 300,
   cases[0].causal = true;
