@@ -46,15 +46,12 @@ bool dispatch_head_dim(index_t d, F&& f) {
   }
 }
 
-/// Multiprocessor count of the current device (cached per device).
+/// Multiprocessor count of the current device (a cheap host-side query: no cache, whose
+/// unsynchronized writes would race between host threads).
 inline int multiprocessors() {
-  int dev = 0;
+  int dev = 0, n = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
-  static int cached[64] = {};
-  if (dev >= 0 && dev < 64 && cached[dev] > 0) return cached[dev];
-  int n = 0;
   check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  if (dev >= 0 && dev < 64) cached[dev] = n;
   return n;
 }
 
