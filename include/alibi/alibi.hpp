@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: MIT
-// The CPU entry point: slopes, bias matrices, the attention front end, and the reference
-// and Eigen backends. CUDA users include <alibi/cuda.cuh> in addition.
+// The CPU entry point: slopes, bias matrices, the attention front end, the reference and
+// Eigen backends, the layers (attention module, Transformer layer, KV cache) and safetensors
+// loading. CUDA users include <alibi/cuda.cuh> in addition.
 #pragma once
 
 #include "alibi/attention.hpp"
 #include "alibi/backend/eigen.hpp"
+#include "alibi/backend/eigen_layers.hpp"
 #include "alibi/backend/reference.hpp"
 #include "alibi/bias.hpp"
 #include "alibi/bias_matrix.hpp"
 #include "alibi/config.hpp"
 #include "alibi/eigen.hpp"
 #include "alibi/error.hpp"
+#include "alibi/layers.hpp"
+#include "alibi/safetensors.hpp"
 #include "alibi/slopes.hpp"
 #include "alibi/tensor_view.hpp"

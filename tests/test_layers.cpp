@@ -1,0 +1,555 @@
+// SPDX-License-Identifier: MIT
+// The layers on the CPU: multi_head_attention, transformer_layer and kv_cache against the
+// plain double-precision computation of tests/layer_reference.hpp; decode == prefill;
+// thread-count independence; parameters and safetensors; errors.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <alibi/alibi.hpp>
+
+#include "layer_reference.hpp"
+
+namespace {
+
+using alibi::index_t;
+using namespace alibi_test;
+using cpu = alibi::backend::eigen;
+
+constexpr float nan_f = std::numeric_limits<float>::quiet_NaN();
+constexpr float sentinel = 12345.0f;
+
+std::vector<float> randn(index_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+/// A (batch, len, features) input with row stride features + 3: the gaps and the rows past
+/// each sequence's length hold NaN, so reading them shows up in the output.
+struct padded_rows {
+  index_t B, L, F, ld;
+  std::vector<float> mem;
+  padded_rows(const std::vector<float>& dense, index_t B_, index_t L_, index_t F_,
+              const std::vector<index_t>& len = {})
+      : B(B_), L(L_), F(F_), ld(F_ + 3), mem(static_cast<std::size_t>(B_ * L_ * (F_ + 3)), nan_f) {
+    for (index_t b = 0; b < B; ++b)
+      for (index_t i = 0; i < (len.empty() ? L : len[static_cast<std::size_t>(b)]); ++i)
+        std::copy_n(dense.begin() + (b * L + i) * F, F, mem.begin() + (b * L + i) * ld);
+  }
+  alibi::tensor_view<const float, 3> view() const {
+    return alibi::make_strided_view<const float, 3>(mem.data(), {B, L, F}, {L * ld, ld, 1});
+  }
+};
+
+/// An output with row stride features + 5 whose gaps must keep a sentinel (guard elements).
+struct guarded_out {
+  index_t B, L, F, ld;
+  std::vector<float> mem;
+  guarded_out(index_t B_, index_t L_, index_t F_)
+      : B(B_),
+        L(L_),
+        F(F_),
+        ld(F_ + 5),
+        mem(static_cast<std::size_t>(B_ * L_ * (F_ + 5)), sentinel) {}
+  alibi::tensor_view<float, 3> view() {
+    return alibi::make_strided_view<float, 3>(mem.data(), {B, L, F}, {L * ld, ld, 1});
+  }
+  std::vector<float> dense() const {
+    std::vector<float> d;
+    for (index_t r = 0; r < B * L; ++r)
+      d.insert(d.end(), mem.begin() + r * ld, mem.begin() + r * ld + F);
+    return d;
+  }
+  bool guards_intact() const {
+    for (index_t r = 0; r < B * L; ++r)
+      for (index_t c = F; c < ld; ++c)
+        if (mem[static_cast<std::size_t>(r * ld + c)] != sentinel) return false;
+    return true;
+  }
+};
+
+alibi::forward_options options_for(const mask_args& m, std::vector<index_t>& q_store,
+                                   std::vector<index_t>& k_store) {
+  alibi::forward_options o;
+  o.mask.causal = m.causal;
+  o.mask.window_left = m.window_left;
+  o.mask.window_right = m.window_right;
+  q_store = m.q_len;
+  k_store = m.k_len;
+  if (!q_store.empty())
+    o.q_lengths = alibi::make_view<const index_t>(q_store.data(), index_t(q_store.size()));
+  if (!k_store.empty())
+    o.k_lengths = alibi::make_view<const index_t>(k_store.data(), index_t(k_store.size()));
+  return o;
+}
+
+void require_close(const std::vector<float>& impl, const std::vector<double>& ref,
+                   const std::vector<float>& naive) {
+  const layer_check c = check_rows(impl, ref, naive);
+  INFO("max |impl - ref64| = " << c.err << ", bound " << c.bound() << " (naive fp32 error "
+                               << c.naive_err << ", max |ref| " << c.scale << ")");
+  REQUIRE_FALSE(c.nan);
+  REQUIRE(c.ok());
+}
+
+struct mha_case {
+  const char* name;
+  alibi::mha_config cfg;
+  index_t B, Lq, Lk;
+  bool cross;
+  mask_args mask;
+  bool key_pad = false;
+};
+
+std::vector<mha_case> mha_cases() {
+  std::vector<mha_case> cases;
+  auto cfg = [](index_t E, index_t Hq, index_t Hkv, index_t D, bool bias) {
+    alibi::mha_config c;
+    c.embed_dim = E;
+    c.q_heads = Hq;
+    c.kv_heads = Hkv;
+    c.head_dim = D;
+    c.bias = bias;
+    return c;
+  };
+  cases.push_back({"self, 3 heads, bidirectional", cfg(48, 3, 0, 0, true), 2, 37, 37, false, {}});
+  mask_args causal;
+  causal.causal = true;
+  cases.push_back({"self, 8 heads, causal", cfg(64, 8, 0, 0, true), 2, 70, 70, false, causal});
+  cases.push_back({"self, GQA 8/2, head_dim 32 != embed/heads, no bias", cfg(64, 8, 2, 32, false),
+                   2, 33, 33, false, causal});
+  cases.push_back({"self, MQA 5/1", cfg(40, 5, 1, 0, true), 1, 50, 50, false, causal});
+  mask_args pad = causal;
+  pad.q_len = {29, 0, 41};
+  pad.k_len = {29, 0, 41};
+  cases.push_back({"self, causal, padding as lengths (incl. 0)", cfg(48, 6, 3, 0, true), 3, 41, 41,
+                   false, pad});
+  mask_args window;
+  window.window_left = 5;
+  window.window_right = 2;
+  cases.push_back(
+      {"self, sliding window (5, 2)", cfg(32, 4, 0, 0, true), 2, 30, 30, false, window});
+  alibi::mha_config cross = cfg(48, 4, 2, 16, true);
+  cross.key_dim = 24;
+  cross.value_dim = 40;
+  mask_args cl;
+  cl.q_len = {7, 19};
+  cl.k_len = {60, 3};
+  cases.push_back(
+      {"cross, key_dim 24, value_dim 40, q_len != k_len, lengths", cross, 2, 19, 60, true, cl});
+  mha_case kp{"cross, key_padding_mask (seed 000)", cfg(32, 4, 0, 0, true), 2, 23, 31, true, {}};
+  kp.key_pad = true;
+  cases.push_back(kp);
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("multi_head_attention matches the double-precision reference", "[layers]") {
+  for (mha_case tc : mha_cases()) {
+    SECTION(tc.name) {
+      alibi::multi_head_attention<float, cpu> m(tc.cfg, cpu{2});
+      const alibi::mha_config& c = m.config();
+      const weight_map w = random_weights(m, 7);
+      set_all(m, w);
+      const index_t Lk = tc.cross ? tc.Lk : tc.Lq;
+      const auto q = randn(tc.B * tc.Lq * c.embed_dim, 1);
+      const auto k = tc.cross ? randn(tc.B * Lk * c.key_dim, 2) : q;
+      const auto v = tc.cross ? randn(tc.B * Lk * c.value_dim, 3) : q;
+      if (tc.key_pad) {
+        std::mt19937 rng(4);
+        for (index_t i = 0; i < tc.B * Lk; ++i) tc.mask.key_pad.push_back(rng() % 3 == 0);
+        for (index_t j = 0; j < Lk; ++j)
+          tc.mask.key_pad[static_cast<std::size_t>(Lk + j)] = true;  // batch 1: all padding
+      }
+      const padded_rows qp(q, tc.B, tc.Lq, c.embed_dim, tc.mask.q_len);
+      const padded_rows kp(k, tc.B, Lk, c.key_dim, tc.mask.k_len);
+      const padded_rows vp(v, tc.B, Lk, c.value_dim, tc.mask.k_len);
+      guarded_out out(tc.B, tc.Lq, c.embed_dim);
+      std::vector<index_t> qs, ks;
+      alibi::forward_options opt = options_for(tc.mask, qs, ks);
+      std::vector<char> pad_store(tc.mask.key_pad.begin(), tc.mask.key_pad.end());
+      if (tc.key_pad)
+        opt.key_padding_mask =
+            alibi::make_view<const bool>(reinterpret_cast<const bool*>(pad_store.data()), tc.B, Lk);
+      if (tc.cross)
+        m.forward(qp.view(), kp.view(), vp.view(), out.view(), opt);
+      else
+        m.forward(qp.view(), out.view(), opt);
+      const auto ref = mha_ref<double>(c, w, "", cast_vector<double>(q), cast_vector<double>(k),
+                                       cast_vector<double>(v), tc.B, tc.Lq, Lk, tc.mask);
+      const auto naive = mha_ref<float>(c, w, "", q, k, v, tc.B, tc.Lq, Lk, tc.mask);
+      REQUIRE(out.guards_intact());
+      require_close(out.dense(), ref, naive);
+    }
+  }
+}
+
+TEST_CASE("transformer_layer matches the double-precision reference", "[layers]") {
+  for (auto norm : {alibi::norm_position::post, alibi::norm_position::pre})
+    for (auto act : {alibi::activation::gelu, alibi::activation::gelu_tanh})
+      for (bool causal : {false, true}) {
+        DYNAMIC_SECTION((norm == alibi::norm_position::post ? "post-norm" : "pre-norm")
+                        << (act == alibi::activation::gelu ? ", gelu" : ", gelu_tanh")
+                        << (causal ? ", causal" : ", bidirectional")) {
+          alibi::layer_config lc;
+          lc.attention.embed_dim = 48;
+          lc.attention.q_heads = 6;
+          lc.attention.kv_heads = causal ? 2 : 0;
+          lc.ff_dim = 80;
+          lc.norm = norm;
+          lc.act = act;
+          alibi::transformer_layer<float, cpu> layer(lc, cpu{2});
+          const auto& c = layer.config();
+          const weight_map w = random_weights(layer, 11);
+          set_all(layer, w);
+          const index_t B = 3, L = 45, E = c.attention.embed_dim;
+          mask_args m;
+          m.causal = causal;
+          m.q_len = m.k_len = {45, 17, 1};
+          const auto x = randn(B * L * E, 5);
+          const padded_rows xp(x, B, L, E, m.q_len);
+          guarded_out out(B, L, E);
+          std::vector<index_t> qs, ks;
+          layer.forward(xp.view(), out.view(), options_for(m, qs, ks));
+          const auto ref = layer_ref<double>(c, w, cast_vector<double>(x), B, L, m);
+          const auto naive = layer_ref<float>(c, w, x, B, L, m);
+          REQUIRE(out.guards_intact());
+          require_close(out.dense(), ref, naive);
+        }
+      }
+}
+
+TEST_CASE("transformer_layer works in place (out = x)", "[layers]") {
+  alibi::layer_config lc;
+  lc.attention.embed_dim = 32;
+  lc.attention.q_heads = 4;
+  for (auto norm : {alibi::norm_position::post, alibi::norm_position::pre}) {
+    lc.norm = norm;
+    alibi::transformer_layer<float, cpu> layer(lc, cpu{1});
+    set_all(layer, random_weights(layer, 3));
+    auto x = randn(2 * 20 * 32, 9);
+    std::vector<float> separate(x.size());
+    layer.forward(alibi::make_view<const float>(x.data(), 2, 20, 32),
+                  alibi::make_view(separate.data(), 2, 20, 32));
+    layer.forward(alibi::make_view<const float>(x.data(), 2, 20, 32),
+                  alibi::make_view(x.data(), 2, 20, 32));
+    REQUIRE(x == separate);
+  }
+}
+
+TEST_CASE("layers: results do not depend on the thread count (bitwise)", "[layers]") {
+  alibi::layer_config lc;
+  lc.attention.embed_dim = 64;
+  lc.attention.q_heads = 8;
+  lc.ff_dim = 600;                       // more than one 512-column GEMM block
+  const index_t B = 2, L = 300, E = 64;  // more than one 256-row GEMM block
+  const auto x = randn(B * L * E, 1);
+  std::vector<std::vector<float>> outs;
+  for (int threads : {1, 2, 3}) {
+    alibi::transformer_layer<float, cpu> layer(lc, cpu{threads});
+    set_all(layer, random_weights(layer, 2));
+    std::vector<float> out(x.size());
+    alibi::forward_options o;
+    o.mask.causal = true;
+    layer.forward(alibi::make_view<const float>(x.data(), B, L, E),
+                  alibi::make_view(out.data(), B, L, E), o);
+    outs.push_back(out);
+  }
+  REQUIRE(outs[0] == outs[1]);
+  REQUIRE(outs[0] == outs[2]);
+}
+
+namespace {
+
+/// Runs a stack of layers over whole sequences, and the same stack incrementally: a prefill
+/// of per-sequence prompt lengths, then steps appending `step(b)` tokens per sequence.
+/// Every incremental output row must match the full causal reference like the full forward.
+void check_decode_equals_prefill(alibi::norm_position norm, index_t Hkv) {
+  alibi::layer_config lc;
+  lc.attention.embed_dim = 48;
+  lc.attention.q_heads = 6;
+  lc.attention.kv_heads = Hkv;
+  lc.ff_dim = 96;
+  lc.norm = norm;
+  const index_t B = 3, E = 48, n_layers = 2;
+  const std::vector<index_t> total = {40, 23, 31};  // tokens per sequence at the end
+  const std::vector<index_t> prompt = {9, 1, 17};
+  const index_t L = 40;
+  std::vector<alibi::transformer_layer<float, cpu>> layers;
+  std::vector<weight_map> weights;
+  for (index_t l = 0; l < n_layers; ++l) {
+    layers.emplace_back(lc, cpu{2});
+    weights.push_back(random_weights(layers.back(), 100 + static_cast<unsigned>(l)));
+    set_all(layers.back(), weights.back());
+  }
+  const auto x = randn(B * L * E, 42);  // token embeddings (batch, L, E)
+
+  // Reference: the full causal forward of every sequence through the stack.
+  mask_args m;
+  m.causal = true;
+  m.q_len = m.k_len = total;
+  auto ref = cast_vector<double>(x);
+  std::vector<float> naive = x;
+  for (index_t l = 0; l < n_layers; ++l) {
+    ref = layer_ref<double>(layers[0].config(), weights[static_cast<std::size_t>(l)], ref, B, L, m);
+    naive =
+        layer_ref<float>(layers[0].config(), weights[static_cast<std::size_t>(l)], naive, B, L, m);
+  }
+
+  // Incremental: chunks of new tokens per sequence, gathered into a (batch, n, E) input.
+  std::vector<alibi::kv_cache<float, cpu>> caches;
+  for (auto& layer : layers)
+    caches.push_back(alibi::kv_cache<float, cpu>::for_module(layer.self_attn(), B, 48));
+  std::vector<float> got(static_cast<std::size_t>(B * L * E), nan_f);
+  std::vector<index_t> done(B, 0);
+  int step = 0;
+  while (done != total) {
+    std::vector<index_t> n(B);
+    for (index_t b = 0; b < B; ++b) {
+      const index_t want =
+          step == 0 ? prompt[b] : (step % 4 == 3 ? 3 : (b == 1 && step % 2 ? 0 : 1));
+      n[b] = std::min(want, total[b] - done[b]);
+    }
+    const index_t width = *std::max_element(n.begin(), n.end());
+    std::vector<float> in(static_cast<std::size_t>(B * width * E), nan_f);
+    for (index_t b = 0; b < B; ++b)
+      std::copy_n(x.begin() + (b * L + done[b]) * E, n[b] * E, in.begin() + b * width * E);
+    alibi::forward_options o;
+    o.mask.causal = true;
+    o.q_lengths = alibi::make_view<const index_t>(n.data(), B);
+    for (index_t l = 0; l < n_layers; ++l)
+      layers[static_cast<std::size_t>(l)].forward(
+          alibi::make_view<const float>(in.data(), B, width, E),
+          alibi::make_view(in.data(), B, width, E), caches[static_cast<std::size_t>(l)], o);
+    for (index_t b = 0; b < B; ++b) {
+      std::copy_n(in.begin() + b * width * E, n[b] * E, got.begin() + (b * L + done[b]) * E);
+      for (index_t i = n[b]; i < width; ++i)  // padded rows come back as zeros
+        for (index_t e = 0; e < E; ++e)
+          REQUIRE(in[static_cast<std::size_t>((b * width + i) * E + e)] == 0.0f);
+      done[b] += n[b];
+      REQUIRE(caches[0].length(b) == done[b]);
+    }
+    ++step;
+  }
+  for (index_t b = 0; b < B; ++b)
+    for (index_t i = total[b]; i < L; ++i) std::fill_n(got.begin() + (b * L + i) * E, E, 0.0f);
+  require_close(got, ref, naive);
+}
+
+}  // namespace
+
+TEST_CASE("KV cache: prefill + decode steps equal the full causal forward", "[layers][decode]") {
+  SECTION("post-norm, MHA") { check_decode_equals_prefill(alibi::norm_position::post, 0); }
+  SECTION("pre-norm, GQA 6/2") { check_decode_equals_prefill(alibi::norm_position::pre, 2); }
+  SECTION("pre-norm, MQA") { check_decode_equals_prefill(alibi::norm_position::pre, 1); }
+}
+
+TEST_CASE("KV cache: clear, capacity and misuse", "[layers][decode]") {
+  alibi::mha_config c;
+  c.embed_dim = 16;
+  c.q_heads = 2;
+  alibi::multi_head_attention<float, cpu> m(c);
+  set_all(m, random_weights(m, 1));
+  auto cache = alibi::kv_cache<float, cpu>::for_module(m, 2, 8);
+  auto x = randn(2 * 5 * 16, 3);
+  std::vector<float> out(x.size());
+  auto xv = alibi::make_view<const float>(x.data(), 2, 5, 16);
+  auto ov = alibi::make_view(out.data(), 2, 5, 16);
+  alibi::forward_options o;
+  o.mask.causal = true;
+  m.forward(xv, ov, cache, o);
+  REQUIRE(cache.length(0) == 5);
+  REQUIRE(cache.keys().extents[2] == 5);
+  // A second 5-token chunk does not fit in 8.
+  REQUIRE_THROWS_WITH(m.forward(xv, ov, cache, o), Catch::Contains("capacity 8"));
+  REQUIRE(cache.length(0) == 5);  // a refused call changes nothing
+  cache.clear(0);
+  std::vector<index_t> n = {3, 0};
+  o.q_lengths = alibi::make_view<const index_t>(n.data(), 2);
+  m.forward(xv, ov, cache, o);
+  REQUIRE(cache.length(0) == 3);
+  REQUIRE(cache.length(1) == 5);
+  std::vector<index_t> kl = {1, 1};
+  o.k_lengths = alibi::make_view<const index_t>(kl.data(), 2);
+  REQUIRE_THROWS_WITH(m.forward(xv, ov, cache, o), Catch::Contains("kv_cache"));
+  auto wrong = alibi::kv_cache<float, cpu>(cpu{}, 2, 8, 1, 8);
+  o.k_lengths = {};
+  REQUIRE_THROWS_WITH(m.forward(xv, ov, wrong, o), Catch::Contains("kv_heads 1"));
+  REQUIRE_THROWS_AS((alibi::kv_cache<float, cpu>(cpu{}, -1, 8, 1, 8)), alibi::error);
+}
+
+TEST_CASE("layers: configuration and argument errors name the argument", "[layers][errors]") {
+  alibi::mha_config c;
+  c.embed_dim = 30;
+  c.q_heads = 4;
+  REQUIRE_THROWS_WITH((alibi::multi_head_attention<float, cpu>(c)),
+                      Catch::Contains("set config.head_dim"));
+  c.q_heads = 6;
+  c.kv_heads = 4;
+  REQUIRE_THROWS_WITH((alibi::multi_head_attention<float, cpu>(c)),
+                      Catch::Contains("config.kv_heads (4) must divide"));
+  c.kv_heads = 0;
+  alibi::multi_head_attention<float, cpu> m(c);
+  std::vector<float> x(2 * 4 * 30), y(x.size());
+  auto ok_out = alibi::make_view(y.data(), 2, 4, 30);
+  REQUIRE_THROWS_WITH(m.forward(alibi::make_view<const float>(x.data(), 2, 4, 29),
+                                alibi::make_view(y.data(), 2, 4, 29)),
+                      Catch::Contains("query.extent(2) must be 30"));
+  REQUIRE_THROWS_WITH(m.forward(alibi::make_view<const float>(x.data(), 2, 4, 30),
+                                alibi::make_view(y.data(), 2, 3, 30)),
+                      Catch::Contains("out must have shape (2, 4, 30)"));
+  auto strided = alibi::make_strided_view<const float, 3>(x.data(), {2, 2, 30}, {30, 60, 1});
+  REQUIRE_THROWS_WITH(m.forward(strided, alibi::make_view(y.data(), 2, 2, 30)),
+                      Catch::Contains("query.stride(0)"));
+  std::vector<index_t> bad = {5, 1};
+  alibi::forward_options o;
+  o.q_lengths = alibi::make_view<const index_t>(bad.data(), 2);
+  REQUIRE_THROWS_WITH(m.forward(alibi::make_view<const float>(x.data(), 2, 4, 30), ok_out, o),
+                      Catch::Contains("opt.q_lengths(0) must be in [0, 4], got 5"));
+  o.q_lengths = {};
+  std::vector<char> pad(2 * 3);
+  o.key_padding_mask =
+      alibi::make_view<const bool>(reinterpret_cast<const bool*>(pad.data()), 2, 3);
+  REQUIRE_THROWS_WITH(m.forward(alibi::make_view<const float>(x.data(), 2, 4, 30), ok_out, o),
+                      Catch::Contains("opt.key_padding_mask must have shape (2, 4)"));
+  // Parameters: unknown names and wrong shapes.
+  std::vector<float> w(30 * 30);
+  REQUIRE_THROWS_WITH(m.set("q_proj.weights", w.data(), {30, 30}),
+                      Catch::Contains("no parameter named 'q_proj.weights'"));
+  REQUIRE_THROWS_WITH(m.set("q_proj.weight", w.data(), {30, 29}),
+                      Catch::Contains("'q_proj.weight' must have shape (30, 30), got (30, 29)"));
+  alibi::layer_config lc;
+  lc.attention = c;
+  alibi::transformer_layer<float, cpu> layer(lc);
+  REQUIRE_THROWS_WITH(layer.set("self_attn.k_proj.bias", w.data(), {31}),
+                      Catch::Contains("'k_proj.bias' must have shape (30), got (31)"));
+}
+
+TEST_CASE("layers: set() from views, get(), and the zero-initialized defaults", "[layers]") {
+  alibi::mha_config c;
+  c.embed_dim = 8;
+  c.q_heads = 2;
+  alibi::multi_head_attention<float, cpu> m(c);
+  REQUIRE(m.parameters().size() == 8);
+  std::vector<float> w(8 * 8);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
+  // A transposed (column-major) view sets the transpose's values.
+  m.set("q_proj.weight", alibi::make_strided_view<const float, 2>(w.data(), {8, 8}, {1, 8}));
+  const auto got = m.get("q_proj.weight");
+  REQUIRE(got[1] == 8.0f);
+  REQUIRE(got[8] == 1.0f);
+  alibi::layer_config lc;
+  lc.attention = c;
+  alibi::transformer_layer<float, cpu> layer(lc);
+  REQUIRE(layer.get("norm1.weight") == std::vector<float>(8, 1.0f));
+  REQUIRE(layer.get("norm2.bias") == std::vector<float>(8, 0.0f));
+  REQUIRE(layer.config().ff_dim == 32);
+}
+
+TEST_CASE("safetensors: round trip, dtypes, metadata and loading modules",
+          "[layers][safetensors]") {
+  alibi::layer_config lc;
+  lc.attention.embed_dim = 32;
+  lc.attention.q_heads = 4;
+  lc.attention.kv_heads = 2;
+  alibi::transformer_layer<float, cpu> a(lc), b(lc);
+  const weight_map w = random_weights(a, 5);
+  set_all(a, w);
+  alibi::safetensors_writer writer;
+  alibi::save_parameters(a, writer, "layers.0.");
+  writer.metadata("format", "pt \"quoted\" \xC3\xA9");
+  const auto bytes = writer.bytes();
+  const auto file = alibi::safetensors::parse(bytes, "layer.safetensors");
+  REQUIRE(file.metadata().at("format") == "pt \"quoted\" \xC3\xA9");
+  REQUIRE(file.info("layers.0.ffn.0.weight").shape == std::vector<index_t>{128, 32});
+  alibi::load_parameters(b, file, "layers.0.");
+  const auto x = randn(2 * 9 * 32, 1);
+  std::vector<float> ya(x.size()), yb(x.size());
+  a.forward(alibi::make_view<const float>(x.data(), 2, 9, 32),
+            alibi::make_view(ya.data(), 2, 9, 32));
+  b.forward(alibi::make_view<const float>(x.data(), 2, 9, 32),
+            alibi::make_view(yb.data(), 2, 9, 32));
+  REQUIRE(ya == yb);
+
+  // Missing and misshapen tensors.
+  REQUIRE_THROWS_WITH(alibi::load_parameters(b, file, "layers.1."),
+                      Catch::Contains("has no tensor 'layers.1.self_attn.q_proj.weight'"));
+  alibi::safetensors_writer bad;
+  alibi::save_parameters(a, bad);
+  bad.add("norm1.weight", {31}, std::vector<float>(31, 1.0f));
+  REQUIRE_THROWS_WITH(
+      alibi::load_parameters(b, alibi::safetensors::parse(bad.bytes(), "bad")),
+      Catch::Contains("tensor 'norm1.weight' in bad has shape (31), expected (32)"));
+
+  // F16, BF16 and F64 data, escapes in names, written by hand.
+  const std::string header = R"({"h":{"dtype":"F16","shape":[4],"data_offsets":[0,8]},)"
+                             R"("b\u00e9":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]},)"
+                             R"("d":{"dtype":"F64","shape":[1],"data_offsets":[12,20]}})";
+  std::vector<unsigned char> raw(8);
+  raw[0] = static_cast<unsigned char>(header.size());
+  raw.insert(raw.end(), header.begin(), header.end());
+  for (unsigned v : {0x3C00u, 0xC000u, 0x0001u, 0x7C00u})  // 1, -2, 2^-24, +inf
+    raw.insert(raw.end(),
+               {static_cast<unsigned char>(v & 0xFF), static_cast<unsigned char>(v >> 8)});
+  for (unsigned v : {0x3F80u, 0xBFC0u})  // 1, -1.5
+    raw.insert(raw.end(),
+               {static_cast<unsigned char>(v & 0xFF), static_cast<unsigned char>(v >> 8)});
+  const double half = 0.5;
+  unsigned char d8[8];
+  std::memcpy(d8, &half, 8);
+  raw.insert(raw.end(), d8, d8 + 8);
+  const auto hand = alibi::safetensors::parse(raw);
+  REQUIRE(hand.to_float("h") ==
+          std::vector<float>{1.0f, -2.0f, 0x1p-24f, std::numeric_limits<float>::infinity()});
+  REQUIRE(hand.to_float("b\xC3\xA9") == std::vector<float>{1.0f, -1.5f});
+  REQUIRE(hand.to_float("d") == std::vector<float>{0.5f});
+}
+
+TEST_CASE("safetensors: corrupt files are clear errors", "[layers][safetensors][errors]") {
+  using alibi::safetensors;
+  auto with_header = [](const std::string& h, std::size_t data_bytes) {
+    std::vector<unsigned char> raw(8, 0);
+    raw[0] = static_cast<unsigned char>(h.size() & 0xFF);
+    raw[1] = static_cast<unsigned char>(h.size() >> 8);
+    raw.insert(raw.end(), h.begin(), h.end());
+    raw.resize(raw.size() + data_bytes);
+    return raw;
+  };
+  REQUIRE_THROWS_WITH(safetensors::parse({1, 2, 3}),
+                      Catch::Contains("shorter than its 8-byte header length"));
+  REQUIRE_THROWS_WITH(safetensors::parse({200, 0, 0, 0, 0, 0, 0, 0, '{', '}'}),
+                      Catch::Contains("exceeds the file"));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header("{\"a\":", 0)),
+                      Catch::Contains("invalid header"));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header("[1]", 0)),
+                      Catch::Contains("not a JSON object"));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header(
+                          R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
+                      Catch::Contains("holds 8 bytes, but dtype F32 and its shape need 12"));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header(
+                          R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)),
+                      Catch::Contains("lie outside the data section (8 bytes)"));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header(
+                          R"({"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})", 1)),
+                      Catch::Contains("unknown dtype Q4"));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header(R"({"a":{"shape":[1]}})", 0)),
+                      Catch::Contains("needs \"dtype\""));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header(R"({"__metadata__":{"k":1}})", 0)),
+                      Catch::Contains("is not a string"));
+  REQUIRE_THROWS_WITH(safetensors::read("/nonexistent/alibi.safetensors"),
+                      Catch::Contains("cannot open"));
+  const auto i32 = safetensors::parse(
+      with_header(R"({"a":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})", 4));
+  REQUIRE_THROWS_WITH(i32.to_float("a"), Catch::Contains("expected F32, F16, BF16 or F64"));
+}
