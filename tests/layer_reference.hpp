@@ -64,9 +64,18 @@ struct mask_args {
   std::vector<bool> key_pad;          // (batch, k_len) true = padding; empty: none
 };
 
-template <class R>
+/// Rounds a value stored between steps; the identity for the reference and the fp32 naive
+/// computation, rounding to half/bfloat16 for the CUDA tests' naive computation in that type.
+struct no_rounding {
+  template <class R>
+  R operator()(R x) const {
+    return x;
+  }
+};
+
+template <class R, class Round = no_rounding>
 std::vector<R> linear_ref(const std::vector<R>& x, index_t rows, index_t in, const named_tensor& w,
-                          const named_tensor* b) {
+                          const named_tensor* b, Round round = {}) {
   const index_t out = w.shape[0];
   std::vector<R> y(static_cast<std::size_t>(rows * out));
   for (index_t r = 0; r < rows; ++r)
@@ -75,7 +84,7 @@ std::vector<R> linear_ref(const std::vector<R>& x, index_t rows, index_t in, con
       for (index_t i = 0; i < in; ++i)
         acc += x[static_cast<std::size_t>(r * in + i)] *
                static_cast<R>(w.data[static_cast<std::size_t>(o * in + i)]);
-      y[static_cast<std::size_t>(r * out + o)] = acc;
+      y[static_cast<std::size_t>(r * out + o)] = round(acc);
     }
   return y;
 }
@@ -87,19 +96,19 @@ inline const named_tensor* optional(const weight_map& w, const std::string& name
 
 /// Multi-head attention of dense (batch, len, features) inputs -> (batch, q_len, embed_dim);
 /// rows past q_len(b) are 0. Positions: bottom-right (query i at k_len(b) - q_len(b) + i).
-template <class R>
+template <class R, class Round = no_rounding>
 std::vector<R> mha_ref(const alibi::mha_config& c, const weight_map& w, const std::string& pre,
                        const std::vector<R>& query, const std::vector<R>& key,
                        const std::vector<R>& value, index_t B, index_t Lq, index_t Lk,
-                       const mask_args& m) {
+                       const mask_args& m, Round round = {}) {
   const index_t E = c.embed_dim, D = c.head_dim, Hq = c.q_heads, Hkv = c.kv_heads;
   const index_t nq = Hq * D, nkv = Hkv * D;
-  const auto q =
-      linear_ref(query, B * Lq, E, w.at(pre + "q_proj.weight"), optional(w, pre + "q_proj.bias"));
+  const auto q = linear_ref(query, B * Lq, E, w.at(pre + "q_proj.weight"),
+                            optional(w, pre + "q_proj.bias"), round);
   const auto k = linear_ref(key, B * Lk, c.key_dim, w.at(pre + "k_proj.weight"),
-                            optional(w, pre + "k_proj.bias"));
+                            optional(w, pre + "k_proj.bias"), round);
   const auto v = linear_ref(value, B * Lk, c.value_dim, w.at(pre + "v_proj.weight"),
-                            optional(w, pre + "v_proj.bias"));
+                            optional(w, pre + "v_proj.bias"), round);
   const R scale = c.scale ? static_cast<R>(*c.scale) : R(1) / std::sqrt(static_cast<R>(D));
   std::vector<R> ctx(static_cast<std::size_t>(B * Lq * nq), R(0));
   for (index_t b = 0; b < B; ++b) {
@@ -131,21 +140,23 @@ std::vector<R> mha_ref(const alibi::mha_config& c, const weight_map& w, const st
         for (std::size_t t = 0; t < s.size(); ++t)
           for (index_t d = 0; d < D; ++d)
             ctx[static_cast<std::size_t>((b * Lq + i) * nq + h * D + d)] +=
-                s[t] / sum * v[static_cast<std::size_t>((b * Lk + keys[t]) * nkv + g * D + d)];
+                round(s[t] / sum) *
+                v[static_cast<std::size_t>((b * Lk + keys[t]) * nkv + g * D + d)];
       }
     }
   }
+  for (R& t : ctx) t = round(t);
   auto out = linear_ref(ctx, B * Lq, nq, w.at(pre + "out_proj.weight"),
-                        optional(w, pre + "out_proj.bias"));
+                        optional(w, pre + "out_proj.bias"), round);
   for (index_t b = 0; b < B; ++b)
     for (index_t i = m.q_len.empty() ? Lq : m.q_len[static_cast<std::size_t>(b)]; i < Lq; ++i)
       std::fill_n(out.begin() + (b * Lq + i) * E, E, R(0));
   return out;
 }
 
-template <class R>
+template <class R, class Round = no_rounding>
 void layer_norm_ref(std::vector<R>& x, index_t rows, index_t n, const named_tensor& g,
-                    const named_tensor& b, R eps) {
+                    const named_tensor& b, R eps, Round round = {}) {
   for (index_t r = 0; r < rows; ++r) {
     R* p = x.data() + r * n;
     R mean = 0, var = 0;
@@ -154,45 +165,46 @@ void layer_norm_ref(std::vector<R>& x, index_t rows, index_t n, const named_tens
     for (index_t i = 0; i < n; ++i) var += (p[i] - mean) * (p[i] - mean);
     var /= static_cast<R>(n);
     for (index_t i = 0; i < n; ++i)
-      p[i] = (p[i] - mean) / std::sqrt(var + eps) *
-                 static_cast<R>(g.data[static_cast<std::size_t>(i)]) +
-             static_cast<R>(b.data[static_cast<std::size_t>(i)]);
+      p[i] = round((p[i] - mean) / std::sqrt(var + eps) *
+                       static_cast<R>(g.data[static_cast<std::size_t>(i)]) +
+                   static_cast<R>(b.data[static_cast<std::size_t>(i)]));
   }
 }
 
 /// The Transformer layer of seed 001 (post-norm) or its pre-norm variant; padded rows 0.
-template <class R>
+template <class R, class Round = no_rounding>
 std::vector<R> layer_ref(const alibi::layer_config& c, const weight_map& w, const std::vector<R>& x,
-                         index_t B, index_t L, const mask_args& m) {
+                         index_t B, index_t L, const mask_args& m, Round round = {}) {
   const index_t E = c.attention.embed_dim, rows = B * L;
   const R eps = static_cast<R>(c.norm_eps);
   auto ffn = [&](const std::vector<R>& y) {
-    auto h = linear_ref(y, rows, E, w.at("ffn.0.weight"), optional(w, "ffn.0.bias"));
+    auto h = linear_ref(y, rows, E, w.at("ffn.0.weight"), optional(w, "ffn.0.bias"), round);
     for (R& t : h)
       t = c.act == alibi::activation::gelu
               ? R(0.5) * t * (R(1) + std::erf(t / std::sqrt(R(2))))
               : R(0.5) * t *
                     (R(1) + std::tanh(std::sqrt(R(2) / R(3.14159265358979323846)) *
                                       (t + R(0.044715) * t * t * t)));
-    return linear_ref(h, rows, c.ff_dim, w.at("ffn.2.weight"), optional(w, "ffn.2.bias"));
+    for (R& t : h) t = round(t);
+    return linear_ref(h, rows, c.ff_dim, w.at("ffn.2.weight"), optional(w, "ffn.2.bias"), round);
   };
   std::vector<R> out = x;
   if (c.norm == alibi::norm_position::post) {
-    const auto a = mha_ref(c.attention, w, "self_attn.", x, x, x, B, L, L, m);
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] += a[i];
-    layer_norm_ref(out, rows, E, w.at("norm1.weight"), w.at("norm1.bias"), eps);
+    const auto a = mha_ref(c.attention, w, "self_attn.", x, x, x, B, L, L, m, round);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + a[i]);
+    layer_norm_ref(out, rows, E, w.at("norm1.weight"), w.at("norm1.bias"), eps, round);
     const auto f = ffn(out);
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] += f[i];
-    layer_norm_ref(out, rows, E, w.at("norm2.weight"), w.at("norm2.bias"), eps);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + f[i]);
+    layer_norm_ref(out, rows, E, w.at("norm2.weight"), w.at("norm2.bias"), eps, round);
   } else {
     std::vector<R> n = x;
-    layer_norm_ref(n, rows, E, w.at("norm1.weight"), w.at("norm1.bias"), eps);
-    const auto a = mha_ref(c.attention, w, "self_attn.", n, n, n, B, L, L, m);
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] += a[i];
+    layer_norm_ref(n, rows, E, w.at("norm1.weight"), w.at("norm1.bias"), eps, round);
+    const auto a = mha_ref(c.attention, w, "self_attn.", n, n, n, B, L, L, m, round);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + a[i]);
     n = out;
-    layer_norm_ref(n, rows, E, w.at("norm2.weight"), w.at("norm2.bias"), eps);
+    layer_norm_ref(n, rows, E, w.at("norm2.weight"), w.at("norm2.bias"), eps, round);
     const auto f = ffn(n);
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] += f[i];
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + f[i]);
   }
   for (index_t b = 0; b < B; ++b)
     for (index_t i = m.q_len.empty() ? L : m.q_len[static_cast<std::size_t>(b)]; i < L; ++i)

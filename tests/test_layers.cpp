@@ -519,11 +519,10 @@ TEST_CASE("safetensors: round trip, dtypes, metadata and loading modules",
 TEST_CASE("safetensors: corrupt files are clear errors", "[layers][safetensors][errors]") {
   using alibi::safetensors;
   auto with_header = [](const std::string& h, std::size_t data_bytes) {
-    std::vector<unsigned char> raw(8, 0);
+    std::vector<unsigned char> raw(8 + h.size() + data_bytes, 0);
     raw[0] = static_cast<unsigned char>(h.size() & 0xFF);
     raw[1] = static_cast<unsigned char>(h.size() >> 8);
-    raw.insert(raw.end(), h.begin(), h.end());
-    raw.resize(raw.size() + data_bytes);
+    std::copy(h.begin(), h.end(), raw.begin() + 8);
     return raw;
   };
   REQUIRE_THROWS_WITH(safetensors::parse({1, 2, 3}),

@@ -235,7 +235,8 @@ template <class M, class Buffer>
 struct parameter_slot {
   std::string name;
   std::vector<index_t> shape;
-  Buffer M::*member;
+  using member_pointer = Buffer M::*;
+  member_pointer member;
 };
 
 /// The slot called `name`, or an alibi::error listing the parameters there are.

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: MIT
+// The Transformer layer forward on the CPU (issue: layers): B = 1, embed 1024, 16 heads
+// (head_dim 64), ff 4096, post-norm with GELU, L = 512..8192. Reports the time split into
+// projections, attention, FFN and LayerNorms (layer_timings), the GEMM parts' GFLOP/s and
+// their fraction of this machine's sgemm throughput measured in the same process.
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "common.hpp"
+
+namespace {
+
+using alibi::index_t;
+constexpr index_t E = 1024, H = 16, F = 4096;
+
+// Args: length, causal, threads.
+void BM_layer(benchmark::State& state) {
+  const index_t L = state.range(0);
+  const bool causal = state.range(1) != 0;
+  const int threads = static_cast<int>(state.range(2));
+  alibi::layer_config c;
+  c.attention.embed_dim = E;
+  c.attention.q_heads = H;
+  c.ff_dim = F;
+  alibi::transformer_layer<float, alibi::backend::eigen> layer(c, alibi::backend::eigen{threads});
+  std::mt19937 rng(1);
+  for (const auto& p : layer.parameters()) {
+    index_t n = 1;
+    for (index_t e : p.shape) n *= e;
+    std::normal_distribution<float> d(0.0f, p.shape.size() == 2 ? 1.0f / 32.0f : 0.02f);
+    std::vector<float> w(static_cast<std::size_t>(n));
+    for (float& v : w) v = d(rng);
+    if (p.name.rfind("norm", 0) != 0) layer.set(p.name, w.data(), p.shape);
+  }
+  std::vector<float> x(static_cast<std::size_t>(L * E)), y(x.size());
+  std::normal_distribution<float> randn;
+  for (float& v : x) v = randn(rng);
+  alibi::forward_options opt;
+  opt.mask.causal = causal;
+  alibi::layer_timings t;
+  opt.timings = &t;
+  for (auto _ : state) {
+    layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
+                  alibi::make_view(y.data(), 1, L, E), opt);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double total = t.projections + t.attention + t.ffn + t.norms;
+  state.counters["proj_ms"] = 1e3 * t.projections / n;
+  state.counters["attn_ms"] = 1e3 * t.attention / n;
+  state.counters["ffn_ms"] = 1e3 * t.ffn / n;
+  state.counters["norm_ms"] = 1e3 * t.norms / n;
+  state.counters["attn_share"] = t.attention / total;
+  // GEMM flops: q, k, v, out projections (4 x 2 L E^2) and the FFN (2 x 2 L E F).
+  const double gemm_flops = 8.0 * L * E * E + 4.0 * L * E * F;
+  const double gemm_rate = gemm_flops * n / (t.projections + t.ffn) / 1e9;
+  state.counters["gemm_GFLOP/s"] = gemm_rate;
+  state.counters["gemm_sgemm_frac"] = gemm_rate / alibi_bench::sgemm_gflops(threads);
+  state.counters["attn_GFLOP/s"] =
+      alibi_bench::attention_flops(H, L, L, E / H, causal) * n / t.attention / 1e9;
+}
+
+void BM_sgemm_1024(benchmark::State& state) {
+  for (auto _ : state)
+    benchmark::DoNotOptimize(alibi_bench::sgemm_gflops(static_cast<int>(state.range(0))));
+  state.counters["GFLOP/s"] = alibi_bench::sgemm_gflops(static_cast<int>(state.range(0)));
+}
+
+}  // namespace
+
+BENCHMARK(BM_sgemm_1024)->Arg(1)->Arg(2)->Iterations(1);
+BENCHMARK(BM_layer)
+    ->ArgsProduct({{512, 1024, 2048, 4096, 8192}, {1, 0}, {2}})
+    ->ArgNames({"L", "causal", "threads"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+
+BENCHMARK_MAIN();
