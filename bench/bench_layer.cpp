@@ -15,11 +15,7 @@ namespace {
 using alibi::index_t;
 constexpr index_t E = 1024, H = 16, F = 4096;
 
-// Args: length, causal, threads.
-void BM_layer(benchmark::State& state) {
-  const index_t L = state.range(0);
-  const bool causal = state.range(1) != 0;
-  const int threads = static_cast<int>(state.range(2));
+alibi::transformer_layer<float, alibi::backend::eigen> make_layer(int threads) {
   alibi::layer_config c;
   c.attention.embed_dim = E;
   c.attention.q_heads = H;
@@ -34,18 +30,10 @@ void BM_layer(benchmark::State& state) {
     for (float& v : w) v = d(rng);
     if (p.name.rfind("norm", 0) != 0) layer.set(p.name, w.data(), p.shape);
   }
-  std::vector<float> x(static_cast<std::size_t>(L * E)), y(x.size());
-  std::normal_distribution<float> randn;
-  for (float& v : x) v = randn(rng);
-  alibi::forward_options opt;
-  opt.mask.causal = causal;
-  alibi::layer_timings t;
-  opt.timings = &t;
-  for (auto _ : state) {
-    layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
-                  alibi::make_view(y.data(), 1, L, E), opt);
-    benchmark::DoNotOptimize(y.data());
-  }
+  return layer;
+}
+
+void report(benchmark::State& state, const alibi::layer_timings& t) {
   const double n = static_cast<double>(state.iterations());
   const double total = t.projections + t.attention + t.ffn + t.norms;
   state.counters["proj_ms"] = 1e3 * t.projections / n;
@@ -53,6 +41,30 @@ void BM_layer(benchmark::State& state) {
   state.counters["ffn_ms"] = 1e3 * t.ffn / n;
   state.counters["norm_ms"] = 1e3 * t.norms / n;
   state.counters["attn_share"] = t.attention / total;
+}
+
+// Args: length, causal, threads, far-tile skipping.
+void BM_layer(benchmark::State& state) {
+  const index_t L = state.range(0);
+  const bool causal = state.range(1) != 0;
+  const int threads = static_cast<int>(state.range(2));
+  auto layer = make_layer(threads);
+  std::mt19937 rng(2);
+  std::vector<float> x(static_cast<std::size_t>(L * E)), y(x.size());
+  std::normal_distribution<float> randn;
+  for (float& v : x) v = randn(rng);
+  alibi::forward_options opt;
+  opt.mask.causal = causal;
+  opt.skip_far_tiles = state.range(3) != 0;
+  alibi::layer_timings t;
+  opt.timings = &t;
+  for (auto _ : state) {
+    layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
+                  alibi::make_view(y.data(), 1, L, E), opt);
+    benchmark::DoNotOptimize(y.data());
+  }
+  report(state, t);
+  const double n = static_cast<double>(state.iterations());
   // GEMM flops: q, k, v, out projections (4 x 2 L E^2) and the FFN (2 x 2 L E F).
   const double gemm_flops = 8.0 * L * E * E + 4.0 * L * E * F;
   const double gemm_rate = gemm_flops * n / (t.projections + t.ffn) / 1e9;
@@ -60,6 +72,37 @@ void BM_layer(benchmark::State& state) {
   state.counters["gemm_sgemm_frac"] = gemm_rate / alibi_bench::sgemm_gflops(threads);
   state.counters["attn_GFLOP/s"] =
       alibi_bench::attention_flops(H, L, L, E / H, causal) * n / t.attention / 1e9;
+}
+
+// Args: tokens in the KV cache, threads. One decoding step (one new token, causal): the
+// step is timed, then the cache is truncated back.
+void BM_layer_decode(benchmark::State& state) {
+  const index_t N = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  auto layer = make_layer(threads);
+  auto cache =
+      alibi::kv_cache<float, alibi::backend::eigen>::for_module(layer.self_attn(), 1, N + 1);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> randn;
+  std::vector<float> prompt(static_cast<std::size_t>(N * E)), x(E), y(E);
+  for (float& v : prompt) v = randn(rng);
+  for (float& v : x) v = randn(rng);
+  alibi::forward_options opt;
+  opt.mask.causal = true;
+  layer.forward(alibi::make_view<const float>(prompt.data(), 1, N, E),
+                alibi::make_view(prompt.data(), 1, N, E), cache, opt);
+  alibi::layer_timings t;
+  opt.timings = &t;
+  for (auto _ : state) {
+    layer.forward(alibi::make_view<const float>(x.data(), 1, 1, E),
+                  alibi::make_view(y.data(), 1, 1, E), cache, opt);
+    cache.truncate(0, N);
+    benchmark::DoNotOptimize(y.data());
+  }
+  report(state, t);
+  // Bytes a step must read: the weights (4 E^2 + 2 E F floats) and the cached K and V.
+  const double bytes = 4.0 * (4.0 * E * E + 2.0 * E * F + 2.0 * N * E);
+  state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_sgemm_1024(benchmark::State& state) {
@@ -72,11 +115,20 @@ void BM_sgemm_1024(benchmark::State& state) {
 
 BENCHMARK(BM_sgemm_1024)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_layer)
-    ->ArgsProduct({{512, 1024, 2048, 4096, 8192}, {1, 0}, {2}})
-    ->ArgNames({"L", "causal", "threads"})
+    ->ArgsProduct({{512, 1024, 2048, 4096, 8192}, {1, 0}, {2}, {1}})
+    ->ArgsProduct({{2048, 8192}, {1, 0}, {2}, {0}})
+    ->ArgNames({"L", "causal", "threads", "skip"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(1)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+
+BENCHMARK(BM_layer_decode)
+    ->ArgsProduct({{512, 2048, 8192}, {1, 2}})
+    ->ArgNames({"cache", "threads"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
     ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 

@@ -370,10 +370,19 @@ TEST_CASE("KV cache: clear, capacity and misuse", "[layers][decode]") {
   o.mask.causal = true;
   m.forward(xv, ov, cache, o);
   REQUIRE(cache.length(0) == 5);
+  // Rolled back and run again, the same tokens give the same outputs.
+  const std::vector<float> first = out;
+  cache.truncate(0, 0);
+  cache.truncate(1, 0);
+  m.forward(xv, ov, cache, o);
+  REQUIRE(out == first);
   REQUIRE(cache.keys().extents[2] == 5);
   // A second 5-token chunk does not fit in 8.
   REQUIRE_THROWS_WITH(m.forward(xv, ov, cache, o), Catch::Contains("capacity 8"));
   REQUIRE(cache.length(0) == 5);  // a refused call changes nothing
+  cache.truncate(0, 2);
+  REQUIRE(cache.length(0) == 2);
+  REQUIRE_THROWS_WITH(cache.truncate(0, 3), Catch::Contains("length must be in [0, 2]"));
   cache.clear(0);
   std::vector<index_t> n = {3, 0};
   o.q_lengths = alibi::make_view<const index_t>(n.data(), 2);

@@ -78,6 +78,9 @@ struct forward_options {
   /// (batch, k_len) true = padding, excluded (seed 000's key_padding_mask). Not allowed
   /// with a KV cache.
   tensor_view<const bool, 2> key_padding_mask{};
+  /// Far-tile skipping in the fused attention (attention_params::skip_far_tiles): on by
+  /// default, with its bound of 2^-24 max|v| on the change; false computes every tile.
+  bool skip_far_tiles = true;
   /// Optional profiling output.
   layer_timings* timings = nullptr;
 };
@@ -308,6 +311,15 @@ class kv_cache {
   /// Forgets every sequence (or sequence b), e.g. to start a new prompt in that slot.
   void clear() { std::fill(lengths_.begin(), lengths_.end(), index_t{0}); }
   void clear(index_t b) { lengths_.at(static_cast<std::size_t>(b)) = 0; }
+  /// Keeps the first `length` tokens of sequence b (rolling back rejected speculative tokens,
+  /// or re-running a step); `length` must not exceed what the sequence holds.
+  void truncate(index_t b, index_t length) {
+    index_t& n = lengths_.at(static_cast<std::size_t>(b));
+    if (length < 0 || length > n)
+      ALIBI_THROW(error("alibi::kv_cache::truncate: length must be in [0, " + detail::str(n) +
+                        "] for sequence " + detail::str(b) + ", got " + detail::str(length)));
+    n = length;
+  }
 
   /// (batch, kv_heads, length, head_dim) views of the stored keys and values, `length` =
   /// the longest sequence; positions past length(b) of sequence b are unspecified.
@@ -566,6 +578,7 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
     p.scale = cfg_.scale;
     p.mask = opt.mask;
     p.slopes = cfg_.slopes;
+    p.skip_far_tiles = opt.skip_far_tiles;
     p.q_lengths = ops::per_batch(backend_, q_len, q_len_dev_);
     p.k_lengths = ops::per_batch(backend_, k_len, k_len_dev_);
     if (opt.key_padding_mask.data != nullptr || opt.key_padding_mask.extents[0] != 0 ||
