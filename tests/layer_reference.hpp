@@ -28,6 +28,15 @@ struct named_tensor {
 };
 using weight_map = std::map<std::string, named_tensor>;
 
+/// n values from N(0, 1) with a fixed seed.
+inline std::vector<float> randn(index_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
 /// Random parameters for a module: weights N(0, 1/in) (unit-scale outputs), biases
 /// N(0, 0.1), LayerNorm gains 1 + N(0, 0.1).
 template <class Module>

@@ -28,14 +28,6 @@ using namespace alibi_test;
 using gpu = alibi::backend::cuda;
 constexpr float sentinel = 12345.0f;
 
-std::vector<float> randn(index_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
 /// Rounds what the naive computation stores between steps to the element type.
 template <class T>
 struct round_to_element {

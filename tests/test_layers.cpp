@@ -26,14 +26,6 @@ using cpu = alibi::backend::eigen;
 constexpr float nan_f = std::numeric_limits<float>::quiet_NaN();
 constexpr float sentinel = 12345.0f;
 
-std::vector<float> randn(index_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
 /// A (batch, len, features) input with row stride features + 3: the gaps and the rows past
 /// each sequence's length hold NaN, so reading them shows up in the output.
 struct padded_rows {

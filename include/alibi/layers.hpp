@@ -85,6 +85,12 @@ struct forward_options {
   layer_timings* timings = nullptr;
 };
 
+/// A name and a shape, as parameters() lists them.
+struct parameter_info {
+  std::string name;
+  std::vector<index_t> shape;
+};
+
 namespace detail {
 
 /// The operations the modules need besides attention, one specialization per backend.
@@ -199,30 +205,6 @@ std::vector<float> gather(const tensor_view<const float, R>& v) {
   return out;
 }
 
-/// Converts a parameter to the storage type and uploads it, after checking its shape.
-template <class Ops, class T, class Backend, class Buffer>
-void store_parameter(const Backend& be, const std::string& name,
-                     const std::vector<index_t>& expected, Buffer& storage, const float* data,
-                     const std::vector<index_t>& shape) {
-  if (shape != expected)
-    ALIBI_THROW(error("alibi: parameter '" + name + "' must have shape " + shape_text(expected) +
-                      ", got " + shape_text(shape)));
-  index_t n = 1;
-  for (index_t e : shape) n *= e;
-  if (n > 0 && data == nullptr) ALIBI_THROW(error("alibi: parameter '" + name + "': data is null"));
-  std::vector<T> converted(static_cast<std::size_t>(n));
-  for (index_t i = 0; i < n; ++i) converted[static_cast<std::size_t>(i)] = T(data[i]);
-  Ops::upload(be, converted, storage);
-}
-
-/// A parameter's values as float (host).
-template <class T>
-std::vector<float> to_float_vector(const std::vector<T>& v) {
-  std::vector<float> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i]);
-  return out;
-}
-
 /// Sets rows [lengths(b), seq) of every batch entry of a (batch, seq, cols) row block to 0.
 template <class Ops, class Backend, class T>
 void zero_padded_rows(const Backend& be, T* data, index_t ld, index_t seq, index_t cols,
@@ -233,32 +215,69 @@ void zero_padded_rows(const Backend& be, T* data, index_t ld, index_t seq, index
                      seq - lengths[b], cols);
 }
 
-/// A named parameter of module M: its shape and the member that stores it.
-template <class M, class Buffer>
-struct parameter_slot {
-  std::string name;
-  std::vector<index_t> shape;
-  using member_pointer = Buffer M::*;
-  member_pointer member;
-};
+/// The named parameters of a module (Owner): for each, its shape, its initial value and the
+/// Owner member that stores it. Allocation, listing, set and get for every module.
+template <class Owner, class T, class Backend>
+struct parameter_table {
+  using ops = layer_ops<Backend>;
+  using buffer_type = typename ops::template buffer<T>;
+  using member_pointer = buffer_type Owner::*;
+  struct slot {
+    std::string name;
+    std::vector<index_t> shape;
+    member_pointer member;
+    float initial = 0.0f;
+  };
+  const char* owner = "";
+  std::vector<slot> slots;
 
-/// The slot called `name`, or an alibi::error listing the parameters there are.
-template <class Slot>
-const Slot& find_slot(const std::vector<Slot>& slots, const std::string& name, const char* fn) {
-  for (const Slot& s : slots)
-    if (s.name == name) return s;
-  std::string known;
-  for (const Slot& s : slots) known += (known.empty() ? "" : ", ") + s.name;
-  ALIBI_THROW(error(std::string(fn) + ": no parameter named '" + name + "'; parameters: " + known));
-}
+  static index_t count(const std::vector<index_t>& shape) {
+    index_t n = 1;
+    for (index_t e : shape) n *= e;
+    return n;
+  }
+  /// Stores every parameter, filled with its initial value.
+  void allocate(Owner& o, const Backend& be) const {
+    for (const slot& s : slots)
+      ops::upload(be, std::vector<T>(static_cast<std::size_t>(count(s.shape)), T(s.initial)),
+                  o.*s.member);
+  }
+  void list(std::vector<parameter_info>& out, const std::string& prefix = "") const {
+    for (const slot& s : slots) out.push_back({prefix + s.name, s.shape});
+  }
+  /// The slot called `name`, or an alibi::error listing the parameters there are.
+  const slot& find(const std::string& name, const char* fn) const {
+    for (const slot& s : slots)
+      if (s.name == name) return s;
+    std::string known;
+    for (const slot& s : slots) known += (known.empty() ? "" : ", ") + s.name;
+    ALIBI_THROW(error(std::string(owner) + "::" + fn + ": no parameter named '" + name +
+                      "'; parameters: " + known));
+  }
+  /// Checks the shape, converts the host floats to T and uploads them.
+  void set(Owner& o, const Backend& be, const std::string& name, const float* data,
+           const std::vector<index_t>& shape) const {
+    const slot& s = find(name, "set");
+    if (shape != s.shape)
+      ALIBI_THROW(error("alibi: parameter '" + name + "' must have shape " + shape_text(s.shape) +
+                        ", got " + shape_text(shape)));
+    const index_t n = count(shape);
+    if (n > 0 && data == nullptr)
+      ALIBI_THROW(error("alibi: parameter '" + name + "': data is null"));
+    std::vector<T> converted(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) converted[static_cast<std::size_t>(i)] = T(data[i]);
+    ops::upload(be, converted, o.*s.member);
+  }
+  /// The parameter's values as float, row-major (host).
+  std::vector<float> get(const Owner& o, const Backend& be, const std::string& name) const {
+    const std::vector<T> stored = ops::download(be, o.*find(name, "get").member);
+    std::vector<float> out(stored.size());
+    for (std::size_t i = 0; i < stored.size(); ++i) out[i] = static_cast<float>(stored[i]);
+    return out;
+  }
+};
 
 }  // namespace detail
-
-/// A name and a shape, as parameters() lists them.
-struct parameter_info {
-  std::string name;
-  std::vector<index_t> shape;
-};
 
 template <class T, class Backend>
 class multi_head_attention;
@@ -361,27 +380,23 @@ class multi_head_attention {
   using ops = detail::layer_ops<Backend>;
   template <class U>
   using buffer = typename ops::template buffer<U>;
-  using slot = detail::parameter_slot<multi_head_attention, buffer<T>>;
 
  public:
   explicit multi_head_attention(mha_config config, const Backend& backend = Backend{})
       : backend_(backend), cfg_(resolve(config)) {
     const index_t nq = cfg_.q_heads * cfg_.head_dim, nkv = cfg_.kv_heads * cfg_.head_dim;
-    slots_ = {{"q_proj.weight", {nq, cfg_.embed_dim}, &multi_head_attention::wq_},
-              {"k_proj.weight", {nkv, cfg_.key_dim}, &multi_head_attention::wk_},
-              {"v_proj.weight", {nkv, cfg_.value_dim}, &multi_head_attention::wv_},
-              {"out_proj.weight", {cfg_.embed_dim, nq}, &multi_head_attention::wo_}};
+    using M = multi_head_attention;
+    params_.owner = "alibi::multi_head_attention";
+    params_.slots = {{"q_proj.weight", {nq, cfg_.embed_dim}, &M::wq_},
+                     {"k_proj.weight", {nkv, cfg_.key_dim}, &M::wk_},
+                     {"v_proj.weight", {nkv, cfg_.value_dim}, &M::wv_},
+                     {"out_proj.weight", {cfg_.embed_dim, nq}, &M::wo_}};
     if (cfg_.bias)
-      slots_.insert(slots_.end(),
-                    {{"q_proj.bias", {nq}, &multi_head_attention::bq_},
-                     {"k_proj.bias", {nkv}, &multi_head_attention::bk_},
-                     {"v_proj.bias", {nkv}, &multi_head_attention::bv_},
-                     {"out_proj.bias", {cfg_.embed_dim}, &multi_head_attention::bo_}});
-    for (const slot& s : slots_) {
-      index_t n = 1;
-      for (index_t e : s.shape) n *= e;
-      ops::upload(backend_, std::vector<T>(static_cast<std::size_t>(n), T(0.0f)), this->*s.member);
-    }
+      params_.slots.insert(params_.slots.end(), {{"q_proj.bias", {nq}, &M::bq_},
+                                                 {"k_proj.bias", {nkv}, &M::bk_},
+                                                 {"v_proj.bias", {nkv}, &M::bv_},
+                                                 {"out_proj.bias", {cfg_.embed_dim}, &M::bo_}});
+    params_.allocate(*this, backend_);
   }
 
   /// The configuration with every default resolved (kv_heads, head_dim, key/value dims).
@@ -391,14 +406,13 @@ class multi_head_attention {
   /// Names and shapes of the parameters, in a fixed order.
   std::vector<parameter_info> parameters() const {
     std::vector<parameter_info> out;
-    for (const slot& s : slots_) out.push_back({s.name, s.shape});
+    params_.list(out);
     return out;
   }
   /// Sets parameter `name` from floats in row-major order of `shape` (host memory),
   /// converted to T. A wrong name or shape is an alibi::error naming both.
   void set(const std::string& name, const float* data, const std::vector<index_t>& shape) {
-    const slot& s = detail::find_slot(slots_, name, "alibi::multi_head_attention::set");
-    detail::store_parameter<ops, T>(backend_, name, s.shape, this->*s.member, data, shape);
+    params_.set(*this, backend_, name, data, shape);
   }
   template <int R>
   void set(const std::string& name, tensor_view<const float, R> host) {
@@ -406,8 +420,7 @@ class multi_head_attention {
   }
   /// The parameter's current values as float, row-major (host).
   std::vector<float> get(const std::string& name) const {
-    const slot& s = detail::find_slot(slots_, name, "alibi::multi_head_attention::get");
-    return detail::to_float_vector(ops::download(backend_, this->*s.member));
+    return params_.get(*this, backend_, name);
   }
 
   /// Self-attention of x (batch, seq, embed_dim) -> out (batch, seq, embed_dim).
@@ -470,7 +483,7 @@ class multi_head_attention {
   Backend backend_;
   mha_config cfg_;
   buffer<T> wq_, wk_, wv_, wo_, bq_, bk_, bv_, bo_;
-  std::vector<slot> slots_;
+  detail::parameter_table<multi_head_attention, T, Backend> params_;
   // Workspace, grown on demand: q (query rows, nq); k | v side by side (key rows, 2 nkv);
   // the attention output (query rows, nq); per-batch lengths and the key mask where the
   // attention kernel reads them.
@@ -612,7 +625,6 @@ class transformer_layer {
   using ops = detail::layer_ops<Backend>;
   template <class U>
   using buffer = typename ops::template buffer<U>;
-  using slot = detail::parameter_slot<transformer_layer, buffer<T>>;
 
  public:
   explicit transformer_layer(layer_config config, const Backend& backend = Backend{})
@@ -626,22 +638,15 @@ class transformer_layer {
     if (!(cfg_.norm_eps >= 0.0f))
       ALIBI_THROW(error("alibi::transformer_layer: config.norm_eps must be >= 0"));
     const index_t F = cfg_.ff_dim;
-    slots_ = {{"ffn.0.weight", {F, E}, &transformer_layer::w1_},
-              {"ffn.2.weight", {E, F}, &transformer_layer::w2_},
-              {"norm1.weight", {E}, &transformer_layer::g1_},
-              {"norm1.bias", {E}, &transformer_layer::beta1_},
-              {"norm2.weight", {E}, &transformer_layer::g2_},
-              {"norm2.bias", {E}, &transformer_layer::beta2_}};
+    using L = transformer_layer;
+    params_.owner = "alibi::transformer_layer";
+    params_.slots = {{"ffn.0.weight", {F, E}, &L::w1_},    {"ffn.2.weight", {E, F}, &L::w2_},
+                     {"norm1.weight", {E}, &L::g1_, 1.0f}, {"norm1.bias", {E}, &L::beta1_},
+                     {"norm2.weight", {E}, &L::g2_, 1.0f}, {"norm2.bias", {E}, &L::beta2_}};
     if (cfg_.ffn_bias)
-      slots_.insert(slots_.begin() + 2, {{"ffn.0.bias", {F}, &transformer_layer::b1_},
-                                         {"ffn.2.bias", {E}, &transformer_layer::b2_}});
-    for (const slot& s : slots_) {
-      const bool gain = s.member == &transformer_layer::g1_ || s.member == &transformer_layer::g2_;
-      index_t n = 1;
-      for (index_t e : s.shape) n *= e;
-      ops::upload(backend_, std::vector<T>(static_cast<std::size_t>(n), T(gain ? 1.0f : 0.0f)),
-                  this->*s.member);
-    }
+      params_.slots.insert(params_.slots.begin() + 2,
+                           {{"ffn.0.bias", {F}, &L::b1_}, {"ffn.2.bias", {E}, &L::b2_}});
+    params_.allocate(*this, backend_);
   }
 
   const layer_config& config() const { return cfg_; }
@@ -650,14 +655,13 @@ class transformer_layer {
 
   std::vector<parameter_info> parameters() const {
     std::vector<parameter_info> out;
-    for (parameter_info& p : attn_.parameters()) out.push_back({"self_attn." + p.name, p.shape});
-    for (const slot& s : slots_) out.push_back({s.name, s.shape});
+    for (parameter_info& p : attn_.parameters()) out.push_back({prefix + p.name, p.shape});
+    params_.list(out);
     return out;
   }
   void set(const std::string& name, const float* data, const std::vector<index_t>& shape) {
     if (name.rfind(prefix, 0) == 0) return attn_.set(name.substr(sizeof(prefix) - 1), data, shape);
-    const slot& s = detail::find_slot(slots_, name, "alibi::transformer_layer::set");
-    detail::store_parameter<ops, T>(backend_, name, s.shape, this->*s.member, data, shape);
+    params_.set(*this, backend_, name, data, shape);
   }
   template <int R>
   void set(const std::string& name, tensor_view<const float, R> host) {
@@ -665,8 +669,7 @@ class transformer_layer {
   }
   std::vector<float> get(const std::string& name) const {
     if (name.rfind(prefix, 0) == 0) return attn_.get(name.substr(sizeof(prefix) - 1));
-    const slot& s = detail::find_slot(slots_, name, "alibi::transformer_layer::get");
-    return detail::to_float_vector(ops::download(backend_, this->*s.member));
+    return params_.get(*this, backend_, name);
   }
 
   /// x (batch, seq, embed_dim) -> out (same shape; out may be x). opt.mask.causal for a
@@ -738,7 +741,7 @@ class transformer_layer {
   layer_config cfg_;
   multi_head_attention<T, Backend> attn_;
   buffer<T> w1_, b1_, w2_, b2_, g1_, beta1_, g2_, beta2_;
-  std::vector<slot> slots_;
+  detail::parameter_table<transformer_layer, T, Backend> params_;
   buffer<T> n_, h_;  // workspace: normalized rows (rows, embed_dim); FFN hidden (rows, ff_dim)
 };
 
