@@ -26,7 +26,7 @@ namespace {
 using alibi::index_t;
 using namespace alibi_test;
 using gpu = alibi::backend::cuda;
-constexpr float sentinel = 12345.0f;
+constexpr float sentinel = 640.0f;  // exact in half and bfloat16
 
 /// Rounds what the naive computation stores between steps to the element type.
 template <class T>
@@ -264,7 +264,8 @@ TEST_CASE("cuda layers: transformer_layer matches the reference and the CPU", "[
   SECTION("half, pre-norm") { check_layer<__half>(alibi::norm_position::pre); }
 }
 
-TEST_CASE("cuda layers: prefill + decode steps equal the full causal forward", "[cuda][layers]") {
+TEST_CASE("cuda layers: prefill + decode steps equal the full causal forward",
+          "[cuda][layers][sanitize]") {
   SECTION("float") { check_decode<float>(); }
   SECTION("bfloat16") { check_decode<__nv_bfloat16>(); }
 }
@@ -277,4 +278,8 @@ TEST_CASE("cuda layers: unsupported head_dim is a clear error", "[cuda][layers]"
   device_rows<float> x(randn(1 * 4 * 80, 1), 1, 4, 80);
   device_out<float> out(1, 4, 80);
   REQUIRE_THROWS_WITH(m.forward(x.view(), out.view()), Catch::Contains("head_dim"));
+  // Refused before anything changes: the cache keeps its length.
+  auto cache = alibi::kv_cache<float, gpu>::for_module(m, 1, 8);
+  REQUIRE_THROWS_WITH(m.forward(x.view(), out.view(), cache), Catch::Contains("head_dim"));
+  REQUIRE(cache.length(0) == 0);
 }

@@ -240,6 +240,28 @@ TEST_CASE("transformer_layer works in place (out = x)", "[layers]") {
   }
 }
 
+TEST_CASE("layers: one-token rows sliced from a longer batch (row stride = batch stride)",
+          "[layers]") {
+  alibi::mha_config c;
+  c.embed_dim = 32;
+  c.q_heads = 4;
+  alibi::multi_head_attention<float, cpu> m(c);
+  set_all(m, random_weights(m, 8));
+  const index_t B = 3, L = 5, E = 32;
+  const auto x = randn(B * L * E, 4);
+  std::vector<float> sliced(static_cast<std::size_t>(B * L * E), 0.0f), dense(B * E, 0.0f);
+  std::vector<float> x2(static_cast<std::size_t>(B * E));
+  for (index_t b = 0; b < B; ++b) std::copy_n(x.begin() + (b * L + 2) * E, E, x2.begin() + b * E);
+  // Token 2 of every sequence, in place in (B, L, E) memory: strides (L E, E, 1).
+  m.forward(alibi::make_strided_view<const float, 3>(x.data() + 2 * E, {B, 1, E}, {L * E, E, 1}),
+            alibi::make_strided_view<float, 3>(sliced.data() + 2 * E, {B, 1, E}, {L * E, E, 1}));
+  m.forward(alibi::make_view<const float>(x2.data(), B, 1, E),
+            alibi::make_view(dense.data(), B, 1, E));
+  for (index_t b = 0; b < B; ++b)
+    REQUIRE(std::equal(dense.begin() + b * E, dense.begin() + (b + 1) * E,
+                       sliced.begin() + (b * L + 2) * E));
+}
+
 TEST_CASE("layers: results do not depend on the thread count (bitwise)", "[layers]") {
   alibi::layer_config lc;
   lc.attention.embed_dim = 64;

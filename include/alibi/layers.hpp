@@ -141,11 +141,12 @@ index_t row_stride(const char* fn, const char* name, const tensor_view<T, 3>& x,
   if (x.extents[2] > 1 && x.strides[2] != 1)
     ALIBI_THROW(error(f + ": " + name + ".stride(2) must be 1 (contiguous features), got " +
                       str(x.strides[2])));
-  const index_t ld = x.extents[1] > 1 ? x.strides[1] : features;
+  // One row per sequence (decoding): the rows are spaced by the batch stride.
+  const index_t ld = x.extents[1] > 1 ? x.strides[1] : x.extents[0] > 1 ? x.strides[0] : features;
   if (ld < features)
-    ALIBI_THROW(
-        error(f + ": " + name + ".stride(1) must be >= " + str(features) + ", got " + str(ld)));
-  if (x.extents[0] > 1 && x.strides[0] != x.extents[1] * ld)
+    ALIBI_THROW(error(f + ": " + name + "'s row stride (stride(1), or stride(0) when extent(1) " +
+                      "is 1) must be >= " + str(features) + ", got " + str(ld)));
+  if (x.extents[0] > 1 && x.extents[1] > 1 && x.strides[0] != x.extents[1] * ld)
     ALIBI_THROW(error(f + ": " + name +
                       ".stride(0) must be extent(1) * stride(1) = " + str(x.extents[1] * ld) +
                       " (rows of every batch entry evenly spaced), got " + str(x.strides[0])));
@@ -342,8 +343,8 @@ class kv_cache {
 
   /// (batch, kv_heads, length, head_dim) views of the stored keys and values, `length` =
   /// the longest sequence; positions past length(b) of sequence b are unspecified.
-  tensor_view<const T, 4> keys() const { return view(k_); }
-  tensor_view<const T, 4> values() const { return view(v_); }
+  tensor_view<const T, 4> keys() const { return view(k_, max_length()); }
+  tensor_view<const T, 4> values() const { return view(v_, max_length()); }
 
  private:
   friend class multi_head_attention<T, Backend>;
@@ -352,9 +353,9 @@ class kv_cache {
     for (index_t n : lengths_) m = std::max(m, n);
     return m;
   }
-  tensor_view<const T, 4> view(const buffer<T>& b) const {
+  tensor_view<const T, 4> view(const buffer<T>& b, index_t length) const {
     return make_strided_view<const T, 4>(
-        b.data(), {batch_, kv_heads_, max_length(), head_dim_},
+        b.data(), {batch_, kv_heads_, length, head_dim_},
         {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
   }
 
@@ -541,15 +542,52 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
   } else {
     k_len = detail::host_lengths(fn, "opt.k_lengths", opt.k_lengths, B, Lk);
   }
+  const bool has_key_mask = opt.key_padding_mask.data != nullptr ||
+                            opt.key_padding_mask.extents[0] != 0 ||
+                            opt.key_padding_mask.extents[1] != 0;
+  if (has_key_mask &&
+      (opt.key_padding_mask.extents[0] != B || opt.key_padding_mask.extents[1] != Lk))
+    ALIBI_THROW(error(f + ": opt.key_padding_mask must have shape (" + str(B) + ", " + str(Lk) +
+                      "), got (" + str(opt.key_padding_mask.extents[0]) + ", " +
+                      str(opt.key_padding_mask.extents[1]) + ")"));
   double* t_proj = opt.timings ? &opt.timings->projections : nullptr;
   double* t_attn = opt.timings ? &opt.timings->attention : nullptr;
   const index_t rows_q = B * Lq, rows_k = B * Lk;
 
-  // Projections. q_: (batch, q_len, q_heads, head_dim); kv_: (batch, k_len, [k | v]) with k
-  // and v each (kv_heads, head_dim) per row.
+  // Workspace and the attention's views of it: q_ (batch, q_len, q_heads, head_dim);
+  // kv_ (batch, k_len, [k | v]) with k and v each (kv_heads, head_dim) per row; ctx_ like
+  // q_. With a cache, keys and values are read from the cache after the append.
+  ops::resize(q_, rows_q * nq);
+  ops::resize(kv_, rows_k * 2 * nkv);
+  ops::resize(ctx_, rows_q * nq);
+  const auto qv =
+      make_strided_view<const T, 4>(q_.data(), {B, cfg_.q_heads, Lq, D}, {Lq * nq, D, nq, 1});
+  const auto cv =
+      make_strided_view<T, 4>(ctx_.data(), {B, cfg_.q_heads, Lq, D}, {Lq * nq, D, nq, 1});
+  tensor_view<const T, 4> kv4, vv4;
+  if (cache != nullptr) {
+    const index_t longest = k_len.empty() ? 0 : *std::max_element(k_len.begin(), k_len.end());
+    kv4 = cache->view(cache->k_, longest);
+    vv4 = cache->view(cache->v_, longest);
+  } else {
+    kv4 = make_strided_view<const T, 4>(kv_.data(), {B, cfg_.kv_heads, Lk, D},
+                                        {Lk * 2 * nkv, D, 2 * nkv, 1});
+    vv4 = make_strided_view<const T, 4>(kv_.data() + nkv, {B, cfg_.kv_heads, Lk, D},
+                                        {Lk * 2 * nkv, D, 2 * nkv, 1});
+  }
+  attention_params p;
+  p.scale = cfg_.scale;
+  p.mask = opt.mask;
+  p.slopes = cfg_.slopes;
+  p.skip_far_tiles = opt.skip_far_tiles;
+  p.q_lengths = ops::per_batch(backend_, q_len, q_len_dev_);
+  p.k_lengths = ops::per_batch(backend_, k_len, k_len_dev_);
+  if (has_key_mask) p.key_mask = ops::key_mask(backend_, opt.key_padding_mask, mask_dev_);
+  // Everything the attention would refuse (e.g. a head_dim the CUDA kernel lacks) is refused
+  // here, before the cache changes.
+  can_implement(backend_, qv, kv4, vv4, cv, p).throw_if_failed();
+
   detail::timed<ops>(backend_, t_proj, [&] {
-    ops::resize(q_, rows_q * nq);
-    ops::resize(kv_, rows_k * 2 * nkv);
     ops::linear(backend_, query.data, ldq, rows_q, E, wq_.data(), cfg_.bias ? bq_.data() : nullptr,
                 nq, q_.data(), nq, false, nullptr);
     ops::linear(backend_, key.data, ldk, rows_k, cfg_.key_dim, wk_.data(),
@@ -571,39 +609,7 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
     }
   });
 
-  // Attention over (batch, heads, seq, head_dim) views of the projection outputs.
-  detail::timed<ops>(backend_, t_attn, [&] {
-    ops::resize(ctx_, rows_q * nq);
-    auto qv =
-        make_strided_view<const T, 4>(q_.data(), {B, cfg_.q_heads, Lq, D}, {Lq * nq, D, nq, 1});
-    auto cv = make_strided_view<T, 4>(ctx_.data(), {B, cfg_.q_heads, Lq, D}, {Lq * nq, D, nq, 1});
-    tensor_view<const T, 4> kv4, vv4;
-    if (cache != nullptr) {
-      kv4 = cache->keys();
-      vv4 = cache->values();
-    } else {
-      kv4 = make_strided_view<const T, 4>(kv_.data(), {B, cfg_.kv_heads, Lk, D},
-                                          {Lk * 2 * nkv, D, 2 * nkv, 1});
-      vv4 = make_strided_view<const T, 4>(kv_.data() + nkv, {B, cfg_.kv_heads, Lk, D},
-                                          {Lk * 2 * nkv, D, 2 * nkv, 1});
-    }
-    attention_params p;
-    p.scale = cfg_.scale;
-    p.mask = opt.mask;
-    p.slopes = cfg_.slopes;
-    p.skip_far_tiles = opt.skip_far_tiles;
-    p.q_lengths = ops::per_batch(backend_, q_len, q_len_dev_);
-    p.k_lengths = ops::per_batch(backend_, k_len, k_len_dev_);
-    if (opt.key_padding_mask.data != nullptr || opt.key_padding_mask.extents[0] != 0 ||
-        opt.key_padding_mask.extents[1] != 0) {
-      if (opt.key_padding_mask.extents[0] != B || opt.key_padding_mask.extents[1] != Lk)
-        ALIBI_THROW(error(f + ": opt.key_padding_mask must have shape (" + str(B) + ", " + str(Lk) +
-                          "), got (" + str(opt.key_padding_mask.extents[0]) + ", " +
-                          str(opt.key_padding_mask.extents[1]) + ")"));
-      p.key_mask = ops::key_mask(backend_, opt.key_padding_mask, mask_dev_);
-    }
-    attention(backend_, qv, kv4, vv4, cv, p);
-  });
+  detail::timed<ops>(backend_, t_attn, [&] { attention(backend_, qv, kv4, vv4, cv, p); });
 
   // Output projection (+ residual when accumulating); padded query rows become zeros.
   detail::timed<ops>(backend_, t_proj, [&] {

@@ -245,7 +245,8 @@ struct layer_ops<backend::cuda> {
   static tensor_view<const index_t, 1> per_batch(const backend::cuda& be,
                                                  const std::vector<index_t>& host,
                                                  buffer<index_t>& scratch) {
-    // Pageable source: the copy is staged before cudaMemcpyAsync returns, so `host` may go.
+    // Pageable source: per the CUDA runtime's API synchronization rules, cudaMemcpyAsync
+    // from pageable host memory returns once the source has been staged, so `host` may go.
     scratch.resize(static_cast<index_t>(host.size()));
     if (!host.empty())
       cuda_detail::check(cudaMemcpyAsync(scratch.data(), host.data(), host.size() * sizeof(index_t),
