@@ -459,7 +459,7 @@ TEST_CASE("layers: configuration and argument errors name the argument", "[layer
                       Catch::Contains("'k_proj.bias' must have shape (30), got (31)"));
 }
 
-TEST_CASE("layers: set() from views, get(), and the zero-initialized defaults", "[layers]") {
+TEST_CASE("layers: set() from views and Eigen, get(), and the initial values", "[layers]") {
   alibi::mha_config c;
   c.embed_dim = 8;
   c.q_heads = 2;
@@ -472,6 +472,15 @@ TEST_CASE("layers: set() from views, get(), and the zero-initialized defaults", 
   const auto got = m.get("q_proj.weight");
   REQUIRE(got[1] == 8.0f);
   REQUIRE(got[8] == 1.0f);
+  // From Eigen: a column-major matrix sets values by index; a vector sets a 1-D parameter.
+  Eigen::MatrixXf wk = Eigen::MatrixXf::Zero(8, 8);
+  wk(0, 1) = 5.0f;
+  alibi::set_parameter(m, "k_proj.weight", wk);
+  REQUIRE(m.get("k_proj.weight")[1] == 5.0f);
+  alibi::set_parameter(m, "k_proj.bias", Eigen::VectorXd::Constant(8, 0.5));
+  REQUIRE(m.get("k_proj.bias") == std::vector<float>(8, 0.5f));
+  REQUIRE_THROWS_WITH(alibi::set_parameter(m, "k_proj.bias", Eigen::MatrixXf::Zero(2, 4)),
+                      Catch::Contains("must have shape (8), got (2, 4)"));
   alibi::layer_config lc;
   lc.attention = c;
   alibi::transformer_layer<float, cpu> layer(lc);

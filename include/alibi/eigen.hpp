@@ -5,7 +5,9 @@
 
 #include <string>
 #include <type_traits>
+#include <vector>
 
+#include <Eigen/Core>
 #include <unsupported/Eigen/CXX11/Tensor>
 
 #include "alibi/bias_matrix.hpp"
@@ -83,6 +85,21 @@ inline Eigen::Tensor<float, 3, Eigen::RowMajor> bias_matrix(index_t heads, index
   Eigen::Tensor<float, 3, Eigen::RowMajor> t(heads, q_len, k_len);
   fill_bias(make_view(t.data(), index_t(1), heads, q_len, k_len), params);
   return t;
+}
+
+/// Sets parameter `name` of a module (multi_head_attention, transformer_layer) from an Eigen
+/// matrix or vector of any storage order and scalar type: values by index, weight (out, in)
+/// as in PyTorch. A vector sets a 1-D parameter; a wrong name or shape is an alibi::error.
+template <class Module, class Derived>
+void set_parameter(Module& module, const std::string& name,
+                   const Eigen::DenseBase<Derived>& value) {
+  using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const row_major m = value.derived().template cast<float>();
+  std::vector<index_t> shape = {m.rows(), m.cols()};
+  for (const auto& p : module.parameters())
+    if (p.name == name && p.shape.size() == 1 && (m.rows() == 1 || m.cols() == 1))
+      shape = {static_cast<index_t>(m.size())};
+  module.set(name, m.data(), shape);
 }
 
 }  // namespace alibi
