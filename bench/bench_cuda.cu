@@ -4,7 +4,9 @@
 // batch x heads = 32; decoding (q_len 1, k_len 32768) with MHA and GQA; and, measured in
 // the same process as ceilings, a cuBLAS bfloat16 GEMM and a device-to-device copy.
 // Counters: TFLOP/s (attention flops as usually counted, halved for causal) and, for the
-// decode and copy cases, GB/s of the bytes that must move.
+// decode and copy cases, GB/s of the bytes that must move. Also the Transformer layer (B = 1,
+// embed 1024, 16 heads, ff 4096) forward and one decoding step, with the time split into
+// projections / attention / FFN / norms from one synchronized run (layer_timings).
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 #include "cuda_timing.cuh"
 
 namespace {
@@ -124,6 +127,86 @@ void BM_cublas_bf16_gemm(benchmark::State& state) {
   cublasDestroy(handle);
 }
 
+/// A Transformer layer of the CPU layer benchmark's shape, random weights (host-generated).
+template <class T>
+alibi::transformer_layer<T, alibi::backend::cuda> make_layer() {
+  alibi::layer_config c;
+  c.attention.embed_dim = 1024;
+  c.attention.q_heads = 16;
+  c.ff_dim = 4096;
+  alibi::transformer_layer<T, alibi::backend::cuda> layer(c, alibi::backend::cuda{});
+  unsigned h = 12345;
+  for (const auto& p : layer.parameters()) {
+    if (p.name.rfind("norm", 0) == 0) continue;
+    index_t n = 1;
+    for (index_t e : p.shape) n *= e;
+    std::vector<float> w(static_cast<std::size_t>(n));
+    for (float& x : w) {
+      h = h * 1664525u + 1013904223u;
+      x = (static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 0.1f;
+    }
+    layer.set(p.name, w.data(), p.shape);
+  }
+  return layer;
+}
+
+void layer_counters(benchmark::State& state, const alibi::layer_timings& t) {
+  const double total = t.projections + t.attention + t.ffn + t.norms;
+  state.counters["proj_ms"] = 1e3 * t.projections;
+  state.counters["attn_ms"] = 1e3 * t.attention;
+  state.counters["ffn_ms"] = 1e3 * t.ffn;
+  state.counters["norm_ms"] = 1e3 * t.norms;
+  state.counters["attn_share"] = t.attention / total;
+}
+
+// Args: L, causal.
+template <class T>
+void BM_cuda_layer(benchmark::State& state) {
+  const index_t L = state.range(0), E = 1024;
+  auto layer = make_layer<T>();
+  device_tensor<T> x(L * E, 5), y(L * E, 6);
+  alibi::forward_options opt;
+  opt.mask.causal = state.range(1) != 0;
+  auto xv = alibi::make_view<const T>(x.ptr, 1, L, E);
+  auto yv = alibi::make_view(y.ptr, 1, L, E);
+  time_cuda(state, [&] { layer.forward(xv, yv, opt); });
+  alibi::layer_timings t;
+  opt.timings = &t;
+  layer.forward(xv, yv, opt);
+  layer_counters(state, t);
+  const double flops =
+      8.0 * L * E * E + 4.0 * L * E * 4096 + 4.0 * L * L * E * (opt.mask.causal ? 0.5 : 1.0);
+  state.counters["TFLOPs"] =
+      benchmark::Counter(flops / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: tokens in the cache. One decoding step (timed), then the cache is truncated back.
+template <class T>
+void BM_cuda_layer_decode(benchmark::State& state) {
+  const index_t N = state.range(0), E = 1024;
+  auto layer = make_layer<T>();
+  auto cache = alibi::kv_cache<T, alibi::backend::cuda>::for_module(layer, 1, N + 1);
+  device_tensor<T> prompt(N * E, 7), x(E, 8), y(E, 9);
+  alibi::forward_options opt;
+  opt.mask.causal = true;
+  layer.forward(alibi::make_view<const T>(prompt.ptr, 1, N, E),
+                alibi::make_view(prompt.ptr, 1, N, E), cache, opt);
+  auto xv = alibi::make_view<const T>(x.ptr, 1, 1, E);
+  auto yv = alibi::make_view(y.ptr, 1, 1, E);
+  time_cuda(state, [&] {
+    layer.forward(xv, yv, cache, opt);
+    cache.truncate(0, N);
+  });
+  alibi::layer_timings t;
+  opt.timings = &t;
+  layer.forward(xv, yv, cache, opt);
+  cache.truncate(0, N);
+  layer_counters(state, t);
+  const double bytes = sizeof(T) * (4.0 * E * E + 2.0 * E * 4096 + 2.0 * N * E);
+  state.counters["GBs"] =
+      benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void prefill_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"D", "L", "causal"});
   for (int d : {64, 128})
@@ -155,6 +238,18 @@ BENCHMARK_TEMPLATE(BM_cuda_decode, __nv_bfloat16)
 BENCHMARK_TEMPLATE(BM_cuda_decode, __half)
     ->ArgNames({"Hkv", "Lk"})
     ->Args({32, 32768})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_TEMPLATE(BM_cuda_layer, __nv_bfloat16)
+    ->ArgsProduct({{512, 2048, 8192}, {1, 0}})
+    ->ArgNames({"L", "causal"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_cuda_layer_decode, __nv_bfloat16)
+    ->Arg(512)
+    ->Arg(8192)
+    ->ArgName("cache")
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -80,8 +80,7 @@ void BM_layer_decode(benchmark::State& state) {
   const index_t N = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   auto layer = make_layer(threads);
-  auto cache =
-      alibi::kv_cache<float, alibi::backend::eigen>::for_module(layer.self_attn(), 1, N + 1);
+  auto cache = alibi::kv_cache<float, alibi::backend::eigen>::for_module(layer, 1, N + 1);
   std::mt19937 rng(3);
   std::normal_distribution<float> randn;
   std::vector<float> prompt(static_cast<std::size_t>(N * E)), x(E), y(E);

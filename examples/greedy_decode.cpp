@@ -100,7 +100,7 @@ int main() {
   const index_t capacity = 64;
   std::vector<alibi::kv_cache<float, cpu>> caches;
   for (auto& b : lm.blocks)
-    caches.push_back(alibi::kv_cache<float, cpu>::for_module(b.self_attn(), batch, capacity));
+    caches.push_back(alibi::kv_cache<float, cpu>::for_module(b, batch, capacity));
 
   // Prefill both prompts in one padded batch.
   const index_t width = 7;

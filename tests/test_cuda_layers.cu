@@ -220,7 +220,7 @@ void check_decode() {
   m.q_len = m.k_len = total;
   const auto ref = layer_ref<double>(layer.config(), w, cast_vector<double>(x), B, L, m);
   const auto naive = layer_ref<float>(layer.config(), w, x, B, L, m, round_to_element<T>{});
-  auto cache = alibi::kv_cache<T, gpu>::for_module(layer.self_attn(), B, 32);
+  auto cache = alibi::kv_cache<T, gpu>::for_module(layer, B, 32);
   std::vector<float> got(static_cast<std::size_t>(B * L * E), 0.0f);
   std::vector<index_t> done(2, 0);
   while (done != total) {

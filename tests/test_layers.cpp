@@ -324,7 +324,7 @@ void check_decode_equals_prefill(alibi::norm_position norm, index_t Hkv) {
   // Incremental: chunks of new tokens per sequence, gathered into a (batch, n, E) input.
   std::vector<alibi::kv_cache<float, cpu>> caches;
   for (auto& layer : layers)
-    caches.push_back(alibi::kv_cache<float, cpu>::for_module(layer.self_attn(), B, 48));
+    caches.push_back(alibi::kv_cache<float, cpu>::for_module(layer, B, 48));
   std::vector<float> got(static_cast<std::size_t>(B * L * E), nan_f);
   std::vector<index_t> done(B, 0);
   int step = 0;

@@ -116,6 +116,10 @@ struct layer_ops {
                 "file) for alibi::backend::cuda.");
 };
 
+/// The attention part of a module's configuration.
+inline const mha_config& attention_config(const mha_config& c) { return c; }
+inline const mha_config& attention_config(const layer_config& c) { return c.attention; }
+
 /// Times one part of a forward call into `slot` when timings were asked for.
 template <class Ops, class Backend, class F>
 void timed(const Backend& be, double* slot, F&& f) {
@@ -314,11 +318,11 @@ class kv_cache {
     ops::resize(v_, n);
     lengths_.assign(static_cast<std::size_t>(batch), 0);
   }
-  /// A cache shaped for `module`.
+  /// A cache shaped for `module` (a multi_head_attention or a transformer_layer).
   template <class M>
   static kv_cache for_module(const M& module, index_t batch, index_t capacity) {
-    return kv_cache(module.backend(), batch, capacity, module.config().kv_heads,
-                    module.config().head_dim);
+    const mha_config& c = detail::attention_config(module.config());
+    return kv_cache(module.backend(), batch, capacity, c.kv_heads, c.head_dim);
   }
 
   index_t batch() const { return batch_; }
