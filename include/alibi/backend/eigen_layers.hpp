@@ -21,8 +21,11 @@
 namespace alibi {
 namespace detail {
 
-/// Host-memory layer operations, shared by the CPU backends; `threads` is the parallelism.
-struct host_layer_ops {
+/// The CPU backends' layer operations, in host memory; the Eigen backend's thread count
+/// parallelizes them.
+template <class Backend>
+struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>::value ||
+                                           std::is_same<Backend, backend::reference>::value>> {
   template <class T>
   using buffer = std::vector<T>;
 
@@ -38,12 +41,18 @@ struct host_layer_ops {
   // repacking of x and w per block below a few percent of the block's arithmetic.
   static constexpr index_t block_rows = 256, block_cols = 512, norm_rows = 32;
 
+  static int threads(const Backend& be) {
+    if constexpr (std::is_same<Backend, backend::eigen>::value)
+      return resolve_threads(be.threads);
+    else
+      return 1;
+  }
   template <class T>
-  static void upload_host(const std::vector<T>& host, buffer<T>& dst) {
+  static void upload(const Backend&, const std::vector<T>& host, buffer<T>& dst) {
     dst = host;
   }
   template <class T>
-  static std::vector<T> download_host(const buffer<T>& src) {
+  static std::vector<T> download(const Backend&, const buffer<T>& src) {
     return src;
   }
   template <class T>
@@ -53,13 +62,13 @@ struct host_layer_ops {
 
   /// y (rows, out) = act(x (rows, in) w (out, in)^T + bias), or y += x w^T + bias.
   template <class T>
-  static void linear_host(int threads, const T* x, index_t ldx, index_t rows, index_t in,
-                          const T* w, const T* bias, index_t out, T* y, index_t ldy,
-                          bool accumulate, const activation* act) {
+  static void linear(const Backend& be, const T* x, index_t ldx, index_t rows, index_t in,
+                     const T* w, const T* bias, index_t out, T* y, index_t ldy, bool accumulate,
+                     const activation* act) {
     if (rows == 0 || out == 0) return;
     const index_t row_blocks = (rows + block_rows - 1) / block_rows;
     const index_t col_blocks = (out + block_cols - 1) / block_cols;
-    parallel_for(threads, row_blocks * col_blocks, [&](index_t item) {
+    parallel_for(threads(be), row_blocks * col_blocks, [&](index_t item) {
       const index_t r0 = (item / col_blocks) * block_rows, c0 = (item % col_blocks) * block_cols;
       const index_t nr = std::min(block_rows, rows - r0), nc = std::min(block_cols, out - c0);
       map<T> Y(y + r0 * ldy + c0, nr, nc, Eigen::OuterStride<>(ldy));  // (nr, nc)
@@ -113,11 +122,11 @@ struct host_layer_ops {
   /// y = (x - mean) / sqrt(var + eps) * gamma + beta per row of n features (biased variance,
   /// as nn.LayerNorm). Two passes over the row: the variance of x - mean does not cancel.
   template <class T>
-  static void layer_norm_host(int threads, const T* x, index_t ldx, T* y, index_t ldy, index_t rows,
-                              index_t n, const T* gamma, const T* beta, float eps) {
+  static void layer_norm(const Backend& be, const T* x, index_t ldx, T* y, index_t ldy,
+                         index_t rows, index_t n, const T* gamma, const T* beta, float eps) {
     if (n == 0) return;
     const index_t blocks = (rows + norm_rows - 1) / norm_rows;
-    parallel_for(threads, blocks, [&](index_t blk) {
+    parallel_for(threads(be), blocks, [&](index_t blk) {
       for (index_t r = blk * norm_rows; r < std::min(rows, (blk + 1) * norm_rows); ++r) {
         const T* in = x + r * ldx;
         const T mean = row_sum(in, n, [](T v) { return v; }) / T(n);
@@ -130,63 +139,19 @@ struct host_layer_ops {
   }
 
   template <class T>
-  static void copy_rows_host(const T* src, index_t lds, T* dst, index_t ldd, index_t rows,
-                             index_t cols) {
+  static void copy_rows(const Backend&, const T* src, index_t lds, T* dst, index_t ldd,
+                        index_t rows, index_t cols) {
     if (src == dst && lds == ldd) return;
     for (index_t r = 0; r < rows; ++r)
       std::memmove(dst + r * ldd, src + r * lds, static_cast<std::size_t>(cols) * sizeof(T));
   }
   template <class T>
-  static void zero_rows_host(T* dst, index_t ld, index_t rows, index_t cols) {
-    for (index_t r = 0; r < rows; ++r) std::fill(dst + r * ld, dst + r * ld + cols, T(0));
-  }
-  static tensor_view<const index_t, 1> per_batch_host(const std::vector<index_t>& host) {
-    return make_view(host.data(), static_cast<index_t>(host.size()));
-  }
-};
-
-/// The CPU backends' layer operations; the Eigen backend's thread count parallelizes them.
-template <class Backend>
-struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>::value ||
-                                           std::is_same<Backend, backend::reference>::value>>
-    : host_layer_ops {
-  static int threads(const Backend& be) {
-    if constexpr (std::is_same<Backend, backend::eigen>::value)
-      return resolve_threads(be.threads);
-    else
-      return 1;
-  }
-  template <class T>
-  static void upload(const Backend&, const std::vector<T>& host, buffer<T>& dst) {
-    upload_host(host, dst);
-  }
-  template <class T>
-  static std::vector<T> download(const Backend&, const buffer<T>& src) {
-    return download_host(src);
-  }
-  template <class T>
-  static void linear(const Backend& be, const T* x, index_t ldx, index_t rows, index_t in,
-                     const T* w, const T* bias, index_t out, T* y, index_t ldy, bool accumulate,
-                     const activation* act) {
-    linear_host(threads(be), x, ldx, rows, in, w, bias, out, y, ldy, accumulate, act);
-  }
-  template <class T>
-  static void layer_norm(const Backend& be, const T* x, index_t ldx, T* y, index_t ldy,
-                         index_t rows, index_t n, const T* gamma, const T* beta, float eps) {
-    layer_norm_host(threads(be), x, ldx, y, ldy, rows, n, gamma, beta, eps);
-  }
-  template <class T>
-  static void copy_rows(const Backend&, const T* src, index_t lds, T* dst, index_t ldd,
-                        index_t rows, index_t cols) {
-    copy_rows_host(src, lds, dst, ldd, rows, cols);
-  }
-  template <class T>
   static void zero_rows(const Backend&, T* dst, index_t ld, index_t rows, index_t cols) {
-    zero_rows_host(dst, ld, rows, cols);
+    for (index_t r = 0; r < rows; ++r) std::fill(dst + r * ld, dst + r * ld + cols, T(0));
   }
   static tensor_view<const index_t, 1> per_batch(const Backend&, const std::vector<index_t>& host,
                                                  buffer<index_t>&) {
-    return per_batch_host(host);
+    return make_view(host.data(), static_cast<index_t>(host.size()));
   }
   static tensor_view<const bool, 2> key_mask(const Backend&, tensor_view<const bool, 2> host,
                                              buffer<bool>&) {
