@@ -11,126 +11,39 @@
 #include <type_traits>
 
 #include "alibi/backend/fwd.hpp"
-#include "alibi/bias.hpp"
 #include "alibi/config.hpp"
 #include "alibi/error.hpp"
-#include "alibi/slopes.hpp"
+#include "alibi/problem.hpp"
 #include "alibi/tensor_view.hpp"
 
 namespace alibi {
 
-/// Counters of the work a fused backend did in one call (optional output).
-struct attention_stats {
-  std::int64_t tiles_computed = 0;  // key tiles whose scores were computed
-  std::int64_t tiles_skipped = 0;   // key tiles skipped by the far-tile bound
-};
-
-/// Everything about an attention call except the four tensors. Tensors are viewed as
-/// q (batch, q_heads, q_len, head_dim), k (batch, kv_heads, k_len, head_dim),
-/// v (batch, kv_heads, k_len, v_head_dim), out (batch, q_heads, q_len, v_head_dim), with
-/// any strides except that the last dimension is contiguous. view_bshd() makes such a view
-/// over (batch, seq, heads, dim) memory.
-///
-/// The optional per-batch views live where the backend reads them: host memory for the
-/// CPU backends, device memory for the CUDA backend.
-struct attention_params {
-  /// Multiplies q.k; default 1/sqrt(head_dim). The ALiBi bias is added after scaling.
-  std::optional<float> scale{};
-  /// Causal and sliding-window masks, relative to positions.
-  mask_spec mask{};
-  /// Where the slopes come from (default: generated, max_bias 8).
-  slope_config slopes{};
-  /// (batch) valid query rows per batch entry; rows >= q_lengths(b) produce zeros.
-  tensor_view<const index_t, 1> q_lengths{};
-  /// (batch) valid keys per batch entry; keys >= k_lengths(b) are excluded and never read.
-  tensor_view<const index_t, 1> k_lengths{};
-  /// (batch) position of query row 0; default k_lengths(b) - q_lengths(b) (bottom-right).
-  tensor_view<const index_t, 1> q_offsets{};
-  /// (batch) position of key 0; default 0.
-  tensor_view<const index_t, 1> k_offsets{};
-  /// (batch, k_len) true = key excluded (padding, holes in packed sequences).
-  tensor_view<const bool, 2> key_mask{};
-  /// Optional output (batch, q_heads, q_len): natural-log logsumexp of each row's scores
-  /// over its unmasked keys; -inf for fully masked rows and padded query rows.
-  tensor_view<float, 3> logsumexp{};
-  /// Skip key tiles that ALiBi makes negligible: a tile is skipped only when a bound on the
-  /// total softmax weight of it and every farther tile is below 2^-25 of the row's running
-  /// normalizer, so the output changes by less than 2^-24 max|v| (fp32 rounding). See the
-  /// README for the bound. false computes every tile.
-  bool skip_far_tiles = true;
-  /// Optional: counters of the tiles computed and skipped (fused CPU backend).
-  attention_stats* stats = nullptr;
-};
-
 namespace detail {
-
-/// The resolved problem: sizes, defaults applied, and the per-(batch, head, row) questions
-/// every backend asks, answered by one piece of code. Trivially copyable (a kernel argument).
-struct attention_problem {
-  index_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, k_len = 0, head_dim = 0, v_head_dim = 0;
-  float scale = 1.0f;
-  mask_spec mask{};
-  slope_config slopes{};
-  tensor_view<const index_t, 1> q_lengths{}, k_lengths{}, q_offsets{}, k_offsets{};
-  tensor_view<const bool, 2> key_mask{};
-  tensor_view<float, 3> lse{};
-  bool skip_far_tiles = true;
-  attention_stats* stats = nullptr;
-
-  ALIBI_HOST_DEVICE index_t len_q(index_t b) const { return q_lengths.data ? q_lengths(b) : q_len; }
-  ALIBI_HOST_DEVICE index_t len_k(index_t b) const { return k_lengths.data ? k_lengths(b) : k_len; }
-  ALIBI_HOST_DEVICE index_t q_offset(index_t b) const {
-    return q_offsets.data ? q_offsets(b) : len_k(b) - len_q(b);
-  }
-  ALIBI_HOST_DEVICE index_t k_offset(index_t b) const { return k_offsets.data ? k_offsets(b) : 0; }
-  ALIBI_HOST_DEVICE index_t group_size() const { return q_heads / kv_heads; }
-  ALIBI_HOST_DEVICE index_t kv_head(index_t h) const { return h / group_size(); }
-  /// The slope for query head h of batch entry b (0 when ALiBi is disabled).
-  ALIBI_HOST_DEVICE float slope(index_t b, index_t h) const {
-    if (!slopes.enabled) return 0.0f;
-    if (slopes.values.data) return slopes.values(slopes.values.extents[0] == 1 ? 0 : b, h);
-    const index_t global = slopes.global_heads > 0 ? slopes.global_heads : q_heads;
-    return alibi::slope(slopes.head_offset + h, global, slopes.max_bias) * slopes.scale;
-  }
-  /// Keys that the positional masks and the key length allow for query row i of batch b
-  /// (the boolean key mask may still exclude some of them).
-  ALIBI_HOST_DEVICE index_range key_range(index_t b, index_t i) const {
-    return mask.key_range(q_offset(b) + i, k_offset(b), len_k(b));
-  }
-  /// A distance subtracted from every key distance of row i by the kernels; the softmax is
-  /// invariant to it and logsumexp adds -slope * shift back. It is the distance to the
-  /// nearest key the positional masks allow. Why: when every key is far from the query
-  /// (q_len >> k_len, explicit offsets), unshifted fp32 scores near the row maximum are
-  /// large (e.g. -0.25 * 766) and lose their low bits (ulp 1.5e-5); shifted, the scores
-  /// that matter are small and keep them.
-  ALIBI_HOST_DEVICE index_t distance_shift(index_t b, index_t i) const {
-    const index_range r = key_range(b, i);
-    if (r.empty()) return 0;
-    const index_t qp = q_offset(b) + i, lo = k_offset(b) + r.begin, hi = k_offset(b) + r.end - 1;
-    return qp < lo ? lo - qp : qp > hi ? qp - hi : 0;
-  }
-  ALIBI_HOST_DEVICE bool key_excluded(index_t b, index_t j) const {
-    return key_mask.data != nullptr && key_mask(b, j);
-  }
-};
 
 template <class Backend>
 struct dependent_false : std::false_type {};
 
-/// One specialization per backend, in that backend's header. Each provides
-///   static constexpr bool reads_host_memory;
-///   template <class T, class TO> static status can_implement(const Backend&, const
-///   attention_problem&); template <class T, class TO> static void run(const Backend&, const
-///   attention_problem&,
-///       tensor_view<const T, 4> q, k, v, tensor_view<TO, 4> out);
+/// One specialization per backend, in that backend's folder
+/// (alibi/backend/<name>/attention.hpp). Each provides
+///   template <class TQ, class TKV, class TO> static status can_implement(const Backend&,
+///       const attention_problem&, q, k, v, out views);
+///   template <class TQ, class TKV, class TO> static void run(const Backend&,
+///       const attention_problem&, tensor_view<const TQ, 4> q, tensor_view<const TKV, 4> k,
+///       tensor_view<const TKV, 4> v, tensor_view<TO, 4> out);
+/// The memory space the backend reads is its tag's `memory_space`.
 template <class Backend, class Enable = void>
 struct attention_impl {
   static_assert(dependent_false<Backend>::value,
-                "alibi::attention: no implementation of this backend is visible. Include "
-                "<alibi/backend/eigen.hpp> (or <alibi/alibi.hpp>) for alibi::backend::eigen, "
-                "<alibi/backend/reference.hpp> for alibi::backend::reference, and "
-                "<alibi/cuda.cuh> (in a .cu file compiled by nvcc) for alibi::backend::cuda.");
+                "alibi::attention: no implementation of this backend is visible. Include the "
+                "backend's header: <alibi/backend/NAME/attention.hpp> for alibi::backend::NAME "
+                "(or <alibi/alibi.hpp> for the CPU backends, <alibi/cuda.cuh> in a .cu file "
+                "compiled by nvcc for alibi::backend::cuda).");
 };
+
+/// Whether a backend reads host memory (so that the front end can check the values of the
+/// per-batch views, not only their shapes).
+template <class Backend>
+constexpr bool reads_host_memory = std::is_same<typename Backend::memory_space, host_space>::value;
 
 inline std::string str(index_t v) { return std::to_string(v); }
 
@@ -319,41 +232,61 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
 
 }  // namespace detail
 
+namespace detail {
+
+/// The four tensors of a call, read-only where the backend only reads them: what the front
+/// end hands a backend's can_implement (to check pointers and alignment) and run.
+template <class TQ, class TKV, class TO>
+struct attention_tensors {
+  tensor_view<const TQ, 4> q;   // (B, Hq, Lq, D)
+  tensor_view<const TKV, 4> k;  // (B, Hkv, Lk, D)
+  tensor_view<const TKV, 4> v;  // (B, Hkv, Lk, Dv)
+  tensor_view<TO, 4> out;       // (B, Hq, Lq, Dv)
+};
+
+/// The one argument check of alibi::attention and alibi::can_implement: the contract
+/// (make_problem), then the backend's own limits.
+template <class Backend, class TQ, class TK, class TV, class TO>
+status prepare(const Backend& backend, const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
+               const tensor_view<TV, 4>& v, const tensor_view<TO, 4>& out,
+               const attention_params& params, attention_problem& prob,
+               attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO>& t) {
+  static_assert(std::is_same<std::remove_const_t<TK>, std::remove_const_t<TV>>::value,
+                "alibi::attention: k and v must have the same element type (q may differ)");
+  static_assert(!std::is_const<TO>::value, "alibi::attention: out must be writable");
+  if (status s = make_problem(q, k, v, out, params, reads_host_memory<Backend>, prob); !s)
+    return s;
+  t.q = q;
+  t.k = k;
+  t.v = v;
+  t.out = out;
+  return attention_impl<Backend>::can_implement(backend, prob, t);
+}
+
+}  // namespace detail
+
 /// Checks every argument without throwing (also the backend's own limits, such as the
-/// head dims a CUDA kernel supports). attention() performs exactly this check.
+/// element types and head dims it implements). attention() performs exactly this check.
 template <class Backend, class TQ, class TK, class TV, class TO>
 status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
                      tensor_view<TV, 4> v, tensor_view<TO, 4> out,
                      const attention_params& params = {}) {
-  using T = std::remove_const_t<TQ>;
-  static_assert(std::is_same<T, std::remove_const_t<TK>>::value &&
-                    std::is_same<T, std::remove_const_t<TV>>::value,
-                "alibi::attention: q, k and v must have the same element type");
-  static_assert(!std::is_const<TO>::value, "alibi::attention: out must be writable");
-  using impl = detail::attention_impl<Backend>;
   detail::attention_problem prob;
-  if (status s = detail::make_problem(q, k, v, out, params, impl::reads_host_memory, prob); !s)
-    return s;
-  return impl::template can_implement<T, TO>(backend, prob);
+  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO> t;
+  return detail::prepare(backend, q, k, v, out, params, prob, t);
 }
 
 /// ALiBi attention: out = softmax(scale * q k^T + bias + mask) v, per the contract in the
-/// README. The backend is chosen by the type of `backend`. Throws alibi::error for invalid
-/// arguments (the message names the argument and what was expected).
+/// README. The backend is chosen by the type of `backend`. q may have another element type
+/// than k and v where the backend implements the combination. Throws alibi::error for
+/// invalid arguments (the message names the argument and what was expected).
 template <class Backend, class TQ, class TK, class TV, class TO>
 void attention(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
                tensor_view<TV, 4> v, tensor_view<TO, 4> out, const attention_params& params = {}) {
-  using T = std::remove_const_t<TQ>;
-  static_assert(std::is_same<T, std::remove_const_t<TK>>::value &&
-                    std::is_same<T, std::remove_const_t<TV>>::value,
-                "alibi::attention: q, k and v must have the same element type");
-  static_assert(!std::is_const<TO>::value, "alibi::attention: out must be writable");
-  using impl = detail::attention_impl<Backend>;
   detail::attention_problem prob;
-  detail::make_problem(q, k, v, out, params, impl::reads_host_memory, prob).throw_if_failed();
-  impl::template can_implement<T, TO>(backend, prob).throw_if_failed();
-  impl::template run<T, TO>(backend, prob, tensor_view<const T, 4>(q), tensor_view<const T, 4>(k),
-                            tensor_view<const T, 4>(v), out);
+  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO> t;
+  detail::prepare(backend, q, k, v, out, params, prob, t).throw_if_failed();
+  detail::attention_impl<Backend>::run(backend, prob, t);
 }
 
 }  // namespace alibi

@@ -5,9 +5,10 @@
 #pragma once
 
 #include "alibi/attention.hpp"
-#include "alibi/backend/cuda/backend.cuh"
+#include "alibi/backend/cuda/attention.cuh"
 #include "alibi/backend/cuda/layers.cuh"
 #include "alibi/bias.hpp"
 #include "alibi/layers.hpp"
+#include "alibi/layers/checkpoint.hpp"
 #include "alibi/safetensors.hpp"
 #include "alibi/slopes.hpp"

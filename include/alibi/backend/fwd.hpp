@@ -8,21 +8,35 @@
 struct CUstream_st;  // the CUDA runtime's stream type; cudaStream_t is CUstream_st*
 
 namespace alibi {
+
+/// Memory spaces: where a backend reads and writes the tensors it is given. The front end
+/// checks the values of per-batch views (lengths, offsets) only where it can read them.
+struct host_space {};    // ordinary host memory
+struct device_space {};  // CUDA device memory (or managed memory)
+
 namespace backend {
 
+/// A backend tag: a small struct carrying the backend's runtime state and naming its memory
+/// space. A new backend is one more tag here plus one folder under alibi/backend/ with
+/// the attention_impl (and layer_ops) specializations; see the README's architecture section.
+
 /// The oracle: materializes scores and bias, softmax, then multiplies by V, accumulating in
-/// double. Slow (O(L^2) memory); for tests and inspection. <alibi/backend/reference.hpp>
-struct reference {};
+/// double. Slow (O(L^2) memory); for tests and inspection. <alibi/backend/reference/attention.hpp>
+struct reference {
+  using memory_space = host_space;
+};
 
 /// The fused CPU backend (Eigen GEMMs, online softmax). `threads` <= 0 means one thread per
-/// hardware thread. Results do not depend on the thread count. <alibi/backend/eigen.hpp>
+/// hardware thread. Results do not depend on the thread count. <alibi/backend/eigen/attention.hpp>
 struct eigen {
+  using memory_space = host_space;
   int threads = 1;
 };
 
 /// The CUDA backend: work is queued on `stream` (nullptr: the legacy default stream) and
 /// attention() returns without synchronizing. <alibi/cuda.cuh>
 struct cuda {
+  using memory_space = device_space;
   CUstream_st* stream = nullptr;
 };
 

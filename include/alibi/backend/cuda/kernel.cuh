@@ -12,8 +12,8 @@
 
 #include "alibi/attention.hpp"
 #include "alibi/backend/cuda/primitives.cuh"
-#include "alibi/detail/mma_layout.hpp"
-#include "alibi/detail/tile_rows.hpp"
+#include "alibi/backend/cuda/mma_layout.hpp"
+#include "alibi/detail/score_tile.hpp"
 
 // Tuning knobs of the kernel configuration (defaults measured on an H200; see the README).
 #ifndef ALIBI_CUDA_WARPS

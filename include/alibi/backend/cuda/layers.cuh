@@ -15,10 +15,10 @@
 #include <utility>
 #include <vector>
 
-#include "alibi/backend/cuda/backend.cuh"
+#include "alibi/backend/cuda/attention.cuh"
 #include "alibi/backend/cuda/error.cuh"
 #include "alibi/backend/cuda/primitives.cuh"
-#include "alibi/layers.hpp"
+#include "alibi/layers/ops.hpp"
 
 namespace alibi {
 namespace cuda_detail {

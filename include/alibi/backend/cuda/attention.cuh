@@ -86,6 +86,45 @@ bool rows_aligned(const tensor_view<T, R>& v) {
   return true;
 }
 
+/// Whether a pointer is one the device cannot read: memory the CUDA runtime knows as
+/// unregistered host memory (pageable malloc/new/stack). Pinned, managed and device memory
+/// pass; so does anything the runtime cannot classify (the kernel then reports the fault).
+inline bool host_only_pointer(const void* ptr) {
+  if (ptr == nullptr) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error the query may leave
+    return false;
+  }
+  return attr.type == cudaMemoryTypeUnregistered;
+}
+
+/// Refuses tensors and per-batch views in host memory that the kernels would fault on.
+template <class TQ, class TKV, class TO>
+status check_device_pointers(const std::string& f, const attention_problem& p,
+                             const detail::attention_tensors<TQ, TKV, TO>& t) {
+  const struct {
+    const char* name;
+    const void* ptr;
+  } views[] = {{"q", t.q.data},
+               {"k", t.k.data},
+               {"v", t.v.data},
+               {"out", t.out.data},
+               {"params.q_lengths", p.q_lengths.data},
+               {"params.k_lengths", p.k_lengths.data},
+               {"params.q_offsets", p.q_offsets.data},
+               {"params.k_offsets", p.k_offsets.data},
+               {"params.key_mask", p.key_mask.data},
+               {"params.logsumexp", p.lse.data},
+               {"params.slopes.values", p.slopes.values.data}};
+  for (const auto& v : views)
+    if (host_only_pointer(v.ptr))
+      return status::failure(f + ": " + v.name +
+                             ".data points to host memory; the CUDA backend reads device "
+                             "memory (cudaMalloc, cudaMallocManaged or pinned host memory)");
+  return {};
+}
+
 /// The kernel partition of a problem: row tiles, and the key chunks of the split-KV path.
 struct partition {
   index_t row_tiles = 0, splits = 1, chunk = 0, blocks = 0;
@@ -194,15 +233,16 @@ namespace detail {
 
 template <>
 struct attention_impl<backend::cuda> {
-  static constexpr bool reads_host_memory = false;
-
-  template <class T, class TO>
-  static status can_implement(const backend::cuda&, const attention_problem& p) {
+  template <class TQ, class TKV, class TO>
+  static status can_implement(const backend::cuda&, const attention_problem& p,
+                              const attention_tensors<TQ, TKV, TO>& t) {
     const std::string f = "alibi::attention (cuda)";
-    if (!cuda_detail::supported_element<T>)
-      return status::failure(f + ": q, k and v must be float, __half or __nv_bfloat16");
-    if (!std::is_same<T, TO>::value)
+    if (!cuda_detail::supported_element<TQ> || !std::is_same<TQ, TKV>::value)
+      return status::failure(f + ": q, k and v must all be float, all __half or all "
+                                 "__nv_bfloat16");
+    if (!std::is_same<TQ, TO>::value)
       return status::failure(f + ": out must have the element type of q, k and v");
+    if (status s = cuda_detail::check_device_pointers(f, p, t); !s) return s;
     if (p.head_dim != 32 && p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128)
       return status::failure(f + ": head_dim (q.extent(3)) must be 32, 64, 96 or 128, got " +
                              str(p.head_dim));
@@ -221,13 +261,14 @@ struct attention_impl<backend::cuda> {
     return {};
   }
 
-  template <class T, class TO>
-  static void run(const backend::cuda& be, const attention_problem& p, tensor_view<const T, 4> q,
-                  tensor_view<const T, 4> k, tensor_view<const T, 4> v, tensor_view<TO, 4> out) {
-    if constexpr (cuda_detail::supported_element<T> && std::is_same<T, TO>::value) {
+  template <class TQ, class TKV, class TO>
+  static void run(const backend::cuda& be, const attention_problem& p,
+                  const attention_tensors<TQ, TKV, TO>& t) {
+    if constexpr (cuda_detail::supported_element<TQ> && std::is_same<TQ, TKV>::value &&
+                  std::is_same<TQ, TO>::value) {
       if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;
       cuda_detail::dispatch_head_dim(p.head_dim, [&](auto dim) {
-        cuda_detail::launch<T, decltype(dim)::value>(p, q, k, v, out, be.stream);
+        cuda_detail::launch<TQ, decltype(dim)::value>(p, t.q, t.k, t.v, t.out, be.stream);
       });
     }
   }

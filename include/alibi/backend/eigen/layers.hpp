@@ -13,10 +13,10 @@
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
 
-#include "alibi/backend/eigen.hpp"
-#include "alibi/backend/reference.hpp"
-#include "alibi/detail/cpu_parallel.hpp"
-#include "alibi/layers.hpp"
+#include "alibi/backend/eigen/attention.hpp"
+#include "alibi/backend/reference/attention.hpp"
+#include "alibi/backend/eigen/parallel.hpp"
+#include "alibi/layers/ops.hpp"
 
 namespace alibi {
 namespace detail {

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <limits>
 
-#include "alibi/attention.hpp"
+#include "alibi/problem.hpp"
 #include "alibi/config.hpp"
 #include "alibi/detail/online_softmax.hpp"
 

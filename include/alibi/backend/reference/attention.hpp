@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: MIT
+// alibi::backend::reference: the seeds' algorithm (materialize scale * Q K^T + bias with the
+// masks as -inf, softmax, multiply by V), accumulated in double. The oracle for every test.
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "alibi/attention.hpp"
+
+namespace alibi {
+namespace detail {
+
+template <>
+struct attention_impl<backend::reference> {
+  template <class TQ, class TKV, class TO>
+  static status can_implement(const backend::reference&, const attention_problem&,
+                              const attention_tensors<TQ, TKV, TO>&) {
+    if (!std::is_floating_point<TQ>::value || !std::is_floating_point<TKV>::value ||
+        !std::is_floating_point<TO>::value)
+      return status::failure(
+          "alibi::attention (reference): q, k, v and out must be float or double (any mix)");
+    return {};
+  }
+
+  template <class TQ, class TKV, class TO>
+  static void run(const backend::reference&, const attention_problem& p,
+                  const attention_tensors<TQ, TKV, TO>& t) {
+    if constexpr (std::is_floating_point<TQ>::value && std::is_floating_point<TKV>::value &&
+                  std::is_floating_point<TO>::value)
+      compute(p, t.q, t.k, t.v, t.out);
+  }
+
+  template <class TQ, class TKV, class TO>
+  static void compute(const attention_problem& p,
+                      tensor_view<const TQ, 4> q,   // (B, Hq, Lq, D)
+                      tensor_view<const TKV, 4> k,  // (B, Hkv, Lk, D)
+                      tensor_view<const TKV, 4> v,  // (B, Hkv, Lk, Dv)
+                      tensor_view<TO, 4> out) {     // (B, Hq, Lq, Dv)
+    constexpr double neg_inf = -std::numeric_limits<double>::infinity();
+    std::vector<double> scores(static_cast<std::size_t>(p.q_len * p.k_len));  // (Lq, Lk)
+    std::vector<double> acc(static_cast<std::size_t>(p.v_head_dim));          // (Dv)
+    for (index_t b = 0; b < p.batch; ++b) {
+      const index_t lq = p.len_q(b), qo = p.q_offset(b), ko = p.k_offset(b);
+      for (index_t h = 0; h < p.q_heads; ++h) {
+        const index_t hk = p.kv_head(h);
+        const float slope = p.slope(b, h);
+        // Materialize the (masked) score matrix, as the seeds do.
+        for (index_t i = 0; i < lq; ++i) {
+          const index_range keys = p.key_range(b, i);
+          const index_t row_shift = p.distance_shift(b, i);
+          double* row = scores.data() + i * p.k_len;
+          for (index_t j = 0; j < p.k_len; ++j) {
+            row[j] = neg_inf;
+            if (j < keys.begin || j >= keys.end || p.key_excluded(b, j)) continue;
+            double dot = 0;
+            for (index_t d = 0; d < p.head_dim; ++d)
+              dot += static_cast<double>(q(b, h, i, d)) * static_cast<double>(k(b, hk, j, d));
+            // slope 0 (or ALiBi disabled) adds nothing at all, not a signed zero. The row's
+            // distance shift keeps the bias small and exact in double even for positions
+            // near 2^60 (the softmax does not see it; logsumexp adds it back below).
+            row[j] =
+                static_cast<double>(p.scale) * dot +
+                (p.slopes.enabled ? alibi_bias_exact(slope, qo + i, ko + j, row_shift)
+                                  : 0.0);
+          }
+        }
+        for (index_t i = 0; i < p.q_len; ++i) {
+          double* row = scores.data() + i * p.k_len;
+          double m = neg_inf;
+          bool any = false;
+          if (i < lq)
+            for (index_t j = 0; j < p.k_len; ++j) {
+              // A NaN score is "not greater", so m ignores it; exp(NaN - m) below then
+              // carries it into the row's sum and output (NaN propagates, E17).
+              if (row[j] != neg_inf) any = true;
+              if (row[j] > m) m = row[j];
+            }
+          std::fill(acc.begin(), acc.end(), 0.0);
+          double lse = neg_inf;
+          if (any) {
+            // A row with finite or NaN scores: with m = -inf here only NaNs remain.
+            const double shift = m == neg_inf ? 0.0 : m;
+            double sum = 0;
+            for (index_t j = 0; j < p.k_len; ++j) {
+              if (row[j] == neg_inf) continue;
+              const double w = std::exp(row[j] - shift);
+              sum += w;
+              for (index_t d = 0; d < p.v_head_dim; ++d)
+                acc[static_cast<std::size_t>(d)] += w * static_cast<double>(v(b, hk, j, d));
+            }
+            for (auto& a : acc) a /= sum;
+            lse = shift + std::log(sum) -
+                  static_cast<double>(slope) * static_cast<double>(p.distance_shift(b, i));
+          }
+          // Fully masked rows and padded query rows: output 0 and logsumexp -inf.
+          for (index_t d = 0; d < p.v_head_dim; ++d)
+            out(b, h, i, d) = static_cast<TO>(acc[static_cast<std::size_t>(d)]);
+          if (p.lse.data) p.lse(b, h, i) = static_cast<float>(lse);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace detail
+}  // namespace alibi

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: MIT
+// The layers' configuration types: module shapes, activations, norm placement, per-call
+// options and timings, parameter descriptions. Plain data, no backend.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "alibi/attention.hpp"
+#include "alibi/tensor_view.hpp"
+
+namespace alibi {
+
+/// The feed-forward activation. `gelu` is PyTorch's nn.GELU() default (exact, with erf), the
+/// one seed 001 uses; `gelu_tanh` is the tanh approximation of BLOOM and GPT-2.
+enum class activation { gelu, gelu_tanh };
+
+/// Where the LayerNorms sit. post: x = LN1(x + attn(x)); x = LN2(x + ffn(x)) (seed 001,
+/// BERT). pre: x = x + attn(LN1(x)); x = x + ffn(LN2(x)) (BLOOM, MPT, GPT-2).
+enum class norm_position { post, pre };
+
+/// Shape of a multi-head attention module. Weights follow PyTorch's nn.Linear layout:
+/// weight (out_features, in_features), y = x weight^T + bias.
+struct mha_config {
+  index_t embed_dim = 0;  // features of the query input and of the output
+  index_t q_heads = 0;
+  index_t kv_heads = 0;   // 0: q_heads. Must divide q_heads (GQA; 1 = MQA).
+  index_t head_dim = 0;   // 0: embed_dim / q_heads
+  index_t key_dim = 0;    // 0: embed_dim. Features of the key input (cross-attention).
+  index_t value_dim = 0;  // 0: embed_dim. Features of the value input.
+  bool bias = true;       // projection biases
+  /// Slopes (default: generated for q_heads heads, max_bias 8; tensor-parallel shards set
+  /// global_heads and head_offset). Caller-given values must be host memory for the CPU and
+  /// device memory for CUDA, and outlive the module.
+  slope_config slopes{};
+  /// Multiplies q.k; default 1/sqrt(head_dim).
+  std::optional<float> scale{};
+};
+
+/// Shape of a Transformer layer: attention, then a two-layer feed-forward network.
+struct layer_config {
+  mha_config attention{};
+  index_t ff_dim = 0;  // 0: 4 * embed_dim
+  bool ffn_bias = true;
+  activation act = activation::gelu;
+  norm_position norm = norm_position::post;
+  float norm_eps = 1e-5f;  // nn.LayerNorm's default
+};
+
+/// Seconds spent per part of a forward call, accumulated (optional output, for profiling).
+/// With the CUDA backend, asking for timings synchronizes the stream after each part.
+struct layer_timings {
+  double projections = 0;  // q/k/v and output projections (and KV-cache appends)
+  double attention = 0;    // the fused attention kernel
+  double ffn = 0;          // both feed-forward GEMMs and the activation
+  double norms = 0;        // LayerNorms
+};
+
+/// Per-call options of the modules. Everything here is host memory, whatever the backend.
+struct forward_options {
+  /// Causal / sliding-window masks, relative to positions (see attention_params).
+  mask_spec mask{};
+  /// (batch) valid query rows (new tokens with a KV cache); rows past it produce zeros.
+  tensor_view<const index_t, 1> q_lengths{};
+  /// (batch) valid keys (padding given as lengths). Not allowed with a KV cache, which
+  /// tracks its own lengths.
+  tensor_view<const index_t, 1> k_lengths{};
+  /// (batch, k_len) true = padding, excluded (seed 000's key_padding_mask). Not allowed
+  /// with a KV cache.
+  tensor_view<const bool, 2> key_padding_mask{};
+  /// Far-tile skipping in the fused attention (attention_params::skip_far_tiles): on by
+  /// default, with its bound of 2^-24 max|v| on the change; false computes every tile.
+  bool skip_far_tiles = true;
+  /// Optional profiling output.
+  layer_timings* timings = nullptr;
+};
+
+/// A name and a shape, as parameters() lists them.
+struct parameter_info {
+  std::string name;
+  std::vector<index_t> shape;
+};
+
+}  // namespace alibi

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: MIT
+// kv_cache<T, Backend>: keys and values of past tokens for incremental decoding.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "alibi/error.hpp"
+#include "alibi/layers/ops.hpp"
+
+namespace alibi {
+
+template <class T, class Backend>
+class multi_head_attention;
+
+/// Keys and values of past tokens for incremental decoding, for one attention module:
+/// K and V of shape (batch, capacity, kv_heads, head_dim) in the backend's memory, and the
+/// number of tokens each sequence holds (host). A forward call with a cache appends the new
+/// tokens' keys and values at positions length(b).. and attends over the whole sequence.
+template <class T, class Backend>
+class kv_cache {
+  using ops = detail::layer_ops<Backend>;
+  template <class U>
+  using buffer = typename ops::template buffer<U>;
+
+ public:
+  kv_cache(const Backend& backend, index_t batch, index_t capacity, index_t kv_heads,
+           index_t head_dim)
+      : backend_(backend),
+        batch_(batch),
+        capacity_(capacity),
+        kv_heads_(kv_heads),
+        head_dim_(head_dim) {
+    if (batch < 0 || capacity < 0 || kv_heads <= 0 || head_dim <= 0)
+      ALIBI_THROW(
+          error("alibi::kv_cache: batch and capacity must be >= 0 and kv_heads, head_dim "
+                "> 0; got batch " +
+                detail::str(batch) + ", capacity " + detail::str(capacity) + ", kv_heads " +
+                detail::str(kv_heads) + ", head_dim " + detail::str(head_dim)));
+    index_t n = 0;
+    if (__builtin_mul_overflow(batch * capacity, kv_heads * head_dim, &n))
+      ALIBI_THROW(error("alibi::kv_cache: batch * capacity * kv_heads * head_dim overflows"));
+    ops::resize(k_, n);
+    ops::resize(v_, n);
+    lengths_.assign(static_cast<std::size_t>(batch), 0);
+  }
+  /// A cache shaped for `module` (a multi_head_attention or a transformer_layer).
+  template <class M>
+  static kv_cache for_module(const M& module, index_t batch, index_t capacity) {
+    const mha_config& c = detail::attention_config(module.config());
+    return kv_cache(module.backend(), batch, capacity, c.kv_heads, c.head_dim);
+  }
+
+  index_t batch() const { return batch_; }
+  index_t capacity() const { return capacity_; }
+  index_t kv_heads() const { return kv_heads_; }
+  index_t head_dim() const { return head_dim_; }
+  /// Tokens held by sequence b.
+  index_t length(index_t b) const { return lengths_.at(static_cast<std::size_t>(b)); }
+  const std::vector<index_t>& lengths() const { return lengths_; }
+  /// Forgets every sequence (or sequence b), e.g. to start a new prompt in that slot.
+  void clear() { std::fill(lengths_.begin(), lengths_.end(), index_t{0}); }
+  void clear(index_t b) { lengths_.at(static_cast<std::size_t>(b)) = 0; }
+  /// Keeps the first `length` tokens of sequence b (rolling back rejected speculative tokens,
+  /// or re-running a step); `length` must not exceed what the sequence holds.
+  void truncate(index_t b, index_t length) {
+    index_t& n = lengths_.at(static_cast<std::size_t>(b));
+    if (length < 0 || length > n)
+      ALIBI_THROW(error("alibi::kv_cache::truncate: length must be in [0, " + detail::str(n) +
+                        "] for sequence " + detail::str(b) + ", got " + detail::str(length)));
+    n = length;
+  }
+
+  /// (batch, kv_heads, length, head_dim) views of the stored keys and values, `length` =
+  /// the longest sequence; positions past length(b) of sequence b are unspecified.
+  tensor_view<const T, 4> keys() const { return view(k_, max_length()); }
+  tensor_view<const T, 4> values() const { return view(v_, max_length()); }
+
+ private:
+  friend class multi_head_attention<T, Backend>;
+  index_t max_length() const {
+    index_t m = 0;
+    for (index_t n : lengths_) m = std::max(m, n);
+    return m;
+  }
+  tensor_view<const T, 4> view(const buffer<T>& b, index_t length) const {
+    return make_strided_view<const T, 4>(
+        b.data(), {batch_, kv_heads_, length, head_dim_},
+        {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
+  }
+
+  Backend backend_;
+  index_t batch_, capacity_, kv_heads_, head_dim_;
+  buffer<T> k_, v_;  // (batch, capacity, kv_heads, head_dim)
+  std::vector<index_t> lengths_;
+};
+
+}  // namespace alibi
