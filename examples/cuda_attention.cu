@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include <alibi/backend/reference.hpp>
+#include <alibi/backend/reference/attention.hpp>
 
 #define CHECK_CUDA(call)                                                              \
   do {                                                                                \

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include <alibi/attention.hpp>
-#include <alibi/backend/reference.hpp>
+#include <alibi/backend/reference/attention.hpp>
 
 namespace alibi_test {
 

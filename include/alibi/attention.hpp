@@ -236,7 +236,10 @@ namespace detail {
 
 /// The four tensors of a call, read-only where the backend only reads them: what the front
 /// end hands a backend's can_implement (to check pointers and alignment) and run.
-template <class TQ, class TKV, class TO>
+/// `Isa` names the instruction set of the calling translation unit (config.hpp): it is part of
+/// every instantiation's name from the front end down to the CPU kernels, so that two
+/// translation units built with different -march flags never share one of them.
+template <class TQ, class TKV, class TO, class Isa = isa_tag>
 struct attention_tensors {
   tensor_view<const TQ, 4> q;   // (B, Hq, Lq, D)
   tensor_view<const TKV, 4> k;  // (B, Hkv, Lk, D)
@@ -246,16 +249,15 @@ struct attention_tensors {
 
 /// The one argument check of alibi::attention and alibi::can_implement: the contract
 /// (make_problem), then the backend's own limits.
-template <class Backend, class TQ, class TK, class TV, class TO>
+template <class Backend, class TQ, class TK, class TV, class TO, class Isa>
 status prepare(const Backend& backend, const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
                const tensor_view<TV, 4>& v, const tensor_view<TO, 4>& out,
                const attention_params& params, attention_problem& prob,
-               attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO>& t) {
+               attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa>& t) {
   static_assert(std::is_same<std::remove_const_t<TK>, std::remove_const_t<TV>>::value,
                 "alibi::attention: k and v must have the same element type (q may differ)");
   static_assert(!std::is_const<TO>::value, "alibi::attention: out must be writable");
-  if (status s = make_problem(q, k, v, out, params, reads_host_memory<Backend>, prob); !s)
-    return s;
+  if (status s = make_problem(q, k, v, out, params, reads_host_memory<Backend>, prob); !s) return s;
   t.q = q;
   t.k = k;
   t.v = v;
@@ -267,12 +269,12 @@ status prepare(const Backend& backend, const tensor_view<TQ, 4>& q, const tensor
 
 /// Checks every argument without throwing (also the backend's own limits, such as the
 /// element types and head dims it implements). attention() performs exactly this check.
-template <class Backend, class TQ, class TK, class TV, class TO>
+template <class Backend, class TQ, class TK, class TV, class TO, class Isa = detail::isa_tag>
 status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
                      tensor_view<TV, 4> v, tensor_view<TO, 4> out,
                      const attention_params& params = {}) {
   detail::attention_problem prob;
-  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO> t;
+  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa> t;
   return detail::prepare(backend, q, k, v, out, params, prob, t);
 }
 
@@ -280,11 +282,11 @@ status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<T
 /// README. The backend is chosen by the type of `backend`. q may have another element type
 /// than k and v where the backend implements the combination. Throws alibi::error for
 /// invalid arguments (the message names the argument and what was expected).
-template <class Backend, class TQ, class TK, class TV, class TO>
+template <class Backend, class TQ, class TK, class TV, class TO, class Isa = detail::isa_tag>
 void attention(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
                tensor_view<TV, 4> v, tensor_view<TO, 4> out, const attention_params& params = {}) {
   detail::attention_problem prob;
-  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO> t;
+  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa> t;
   detail::prepare(backend, q, k, v, out, params, prob, t).throw_if_failed();
   detail::attention_impl<Backend>::run(backend, prob, t);
 }

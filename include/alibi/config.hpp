@@ -35,6 +35,41 @@
 #endif
 #endif
 
+// ALIBI_CPU_ISA: the name of the inline namespace that holds alibi's CPU code compiled for
+// this translation unit's instruction set. Translation units built with different -march
+// flags get differently named kernels, so the linker never merges an AVX-512 kernel with a
+// baseline one (see the README's architecture section). Only the name depends on the flags.
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define ALIBI_CPU_ISA isa_avx512dq
+#elif defined(__AVX512F__)
+#define ALIBI_CPU_ISA isa_avx512f
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ALIBI_CPU_ISA isa_avx2_fma
+#elif defined(__AVX2__)
+#define ALIBI_CPU_ISA isa_avx2
+#elif defined(__AVX__)
+#define ALIBI_CPU_ISA isa_avx
+#elif defined(__SSE4_2__)
+#define ALIBI_CPU_ISA isa_sse4_2
+#elif defined(__SSE2__)
+#define ALIBI_CPU_ISA isa_sse2
+#elif defined(__ARM_NEON)
+#define ALIBI_CPU_ISA isa_neon
+#else
+#define ALIBI_CPU_ISA isa_generic
+#endif
+
+#ifdef __cplusplus
+namespace alibi {
+namespace detail {
+inline namespace ALIBI_CPU_ISA {
+/// A type named after this translation unit's instruction set (see ALIBI_CPU_ISA).
+struct isa_tag {};
+}  // namespace ALIBI_CPU_ISA
+}  // namespace detail
+}  // namespace alibi
+#endif
+
 #define ALIBI_VERSION_MAJOR 0
 #define ALIBI_VERSION_MINOR 1
 #define ALIBI_VERSION_PATCH 0

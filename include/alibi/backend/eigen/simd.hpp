@@ -7,6 +7,9 @@
 // so every per-row quantity (running max, sum, bias base) is a vector across rows and the
 // passes need no horizontal reductions. Rows are processed in whole packets: the row count
 // is padded to a multiple of the packet size and padding rows are masked to -inf.
+//
+// Scores are in base-2 units (detail/online_softmax.hpp): callers pass scale * log2(e) and
+// -slope * log2(e) as `scale` and `neg_slope`, and the exponentials are powers of two.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +26,11 @@
 namespace alibi {
 namespace detail {
 namespace cpu {
+// Code whose instructions depend on the compiler's target flags lives in an inline
+// namespace named after the instruction set (config.hpp): two translation units built with
+// different -march flags then emit differently named symbols instead of one weak symbol
+// that the linker would pick from either (and run AVX-512 code on a CPU without it).
+inline namespace ALIBI_CPU_ISA {
 
 // Packet types are vector types with alignment attributes; naming them as template
 // arguments draws GCC's -Wignored-attributes, which Eigen silences in its own headers.
@@ -56,32 +64,54 @@ using int_packet = typename Eigen::internal::unpacket_traits<packet>::integer_pa
 
 #if defined(EIGEN_VECTORIZE)
 
-/// exp_flush on a packet: the same steps as the scalar exp_flush (see there for the why).
-ALIBI_FORCEINLINE packet exp_flush_packet(const packet& x) {
+/// 2^x on a packet, for softmax arguments x <= 0, flushed to 0 below exp2_flush_threshold
+/// (see there for the why). x = n + r with n = round(x) and |r| <= 1/2; 2^r = e^t with
+/// t = r ln2, |t| <= 0.347, by its degree-6 Taylor polynomial (truncation error t^7/7! <
+/// 1.3e-7 relative, about one ulp); 2^n is built in the exponent bits. -inf (masked scores)
+/// gives exactly 0; NaN propagates.
+ALIBI_FORCEINLINE packet exp2_packet(const packet& x) {
   namespace ei = Eigen::internal;
-  const packet threshold = ei::pset1<packet>(exp_flush_threshold);
+  const packet threshold = ei::pset1<packet>(exp2_flush_threshold);
+  // 1.5 * 2^23: adding it rounds a float of magnitude < 2^22 to an integer (ties to even),
+  // and leaves that integer in the low mantissa bits.
   const packet magic = ei::pset1<packet>(12582912.0f);
-  // pmax returns its first argument when either is NaN, so a NaN x stays NaN here.
+  // pmax returns its first argument when either is NaN, so a NaN x stays NaN here; the
+  // clamp keeps n in the exponent's range.
   const packet xc = ei::pmax(x, threshold);
-  const packet z = ei::pmadd(xc, ei::pset1<packet>(1.44269504088896341f), magic);
+  const packet z = ei::padd(xc, magic);
   const packet n = ei::psub(z, magic);
-  packet r = ei::pmadd(n, ei::pset1<packet>(-0.693145751953125f), xc);
-  r = ei::pmadd(n, ei::pset1<packet>(-1.42860682030941723e-6f), r);
+  const packet t = ei::pmul(ei::psub(xc, n), ei::pset1<packet>(ln2_f));
   packet p = ei::pset1<packet>(1.0f / 720.0f);
-  p = ei::pmadd(p, r, ei::pset1<packet>(1.0f / 120.0f));
-  p = ei::pmadd(p, r, ei::pset1<packet>(1.0f / 24.0f));
-  p = ei::pmadd(p, r, ei::pset1<packet>(1.0f / 6.0f));
-  p = ei::pmadd(p, r, ei::pset1<packet>(0.5f));
-  p = ei::pmadd(p, r, ei::pset1<packet>(1.0f));
-  p = ei::pmadd(p, r, ei::pset1<packet>(1.0f));
+  p = ei::pmadd(p, t, ei::pset1<packet>(1.0f / 120.0f));
+  p = ei::pmadd(p, t, ei::pset1<packet>(1.0f / 24.0f));
+  p = ei::pmadd(p, t, ei::pset1<packet>(1.0f / 6.0f));
+  p = ei::pmadd(p, t, ei::pset1<packet>(0.5f));
+  p = ei::pmadd(p, t, ei::pset1<packet>(1.0f));
+  p = ei::pmadd(p, t, ei::pset1<packet>(1.0f));
+  // n sits in z's low mantissa bits: add the exponent bias and shift it into place (for a
+  // NaN x the bits are garbage and the result is NaN either way).
   const int_packet e = ei::plogical_shift_left<23>(ei::padd(
       ei::psub(ei::preinterpret<int_packet>(z), ei::pset1<int_packet>(float_to_bits(12582912.0f))),
       ei::pset1<int_packet>(127)));
   const packet y = ei::pmul(p, ei::preinterpret<packet>(e));
+  // x < threshold covers -inf: masked keys give exactly 0.
   return ei::pselect(ei::pcmp_lt(x, threshold), ei::pzero(x), y);
 }
 
-/// Pass 1: x(t, j) = scale * s(t, j) + neg_slope * (|base_t - j| - shift_t) on valid rows,
+/// x[j] = 2^(x[j] - m) for the n < lanes elements of a row's tail, through one padded
+/// packet (so that the tail is computed by the same polynomial); returns their sum.
+inline float exp2_tail(float* x, index_t n, float m) {
+  namespace ei = Eigen::internal;
+  alignas(64) float buf[lanes];
+  for (int t = 0; t < lanes; ++t) buf[t] = t < n ? x[t] : -std::numeric_limits<float>::infinity();
+  ei::pstore(buf, exp2_packet(ei::psub(ei::pload<packet>(buf), ei::pset1<packet>(m))));
+  float sum = 0.0f;
+  for (index_t t = 0; t < n; ++t) sum += (x[t] = buf[t]);
+  return sum;
+}
+
+/// Pass 1 (the score tile): x(t, j) = scale * s(t, j) + neg_slope * (|base_t - j| - shift_t) on
+/// valid rows,
 /// -inf elsewhere; mx[t] = max over j. s is column-major with column stride lds and at
 /// least packet_rows(rows) rows.
 inline void score_tile(float* s, index_t lds, const tile_geometry& g, float scale, float neg_slope,
@@ -117,7 +147,7 @@ inline void score_tile(float* s, index_t lds, const tile_geometry& g, float scal
   }
 }
 
-/// Pass 2: p(t, j) = exp_flush(x(t, j) - m_use[t]) in place; lsum[t] = sum over j.
+/// Pass 2: p(t, j) = 2^(x(t, j) - m_use[t]) in place; lsum[t] = sum over j.
 inline void exp_tile(float* s, index_t lds, index_t rows, index_t cols, const float* m_use,
                      float* lsum) {
   namespace ei = Eigen::internal;
@@ -129,8 +159,8 @@ inline void exp_tile(float* s, index_t lds, index_t rows, index_t cols, const fl
     for (; j + 2 <= cols; j += 2) {
       float* c0 = s + j * lds + t0;
       float* c1 = c0 + lds;
-      const packet p0 = exp_flush_packet(ei::psub(ei::ploadu<packet>(c0), m));
-      const packet p1 = exp_flush_packet(ei::psub(ei::ploadu<packet>(c1), m));
+      const packet p0 = exp2_packet(ei::psub(ei::ploadu<packet>(c0), m));
+      const packet p1 = exp2_packet(ei::psub(ei::ploadu<packet>(c1), m));
       ei::pstoreu(c0, p0);
       ei::pstoreu(c1, p1);
       acc0 = ei::padd(acc0, p0);
@@ -138,7 +168,7 @@ inline void exp_tile(float* s, index_t lds, index_t rows, index_t cols, const fl
     }
     for (; j < cols; ++j) {
       float* c0 = s + j * lds + t0;
-      const packet p0 = exp_flush_packet(ei::psub(ei::ploadu<packet>(c0), m));
+      const packet p0 = exp2_packet(ei::psub(ei::ploadu<packet>(c0), m));
       ei::pstoreu(c0, p0);
       acc0 = ei::padd(acc0, p0);
     }
@@ -169,25 +199,23 @@ inline float score_row(float* x, index_t n, index_t vb, index_t ve, float scale,
   float mx = ei::predux_max(vmax);
   for (; j < ve; ++j) {
     x[j] = scale * x[j] + neg_slope * (std::fabs(base - static_cast<float>(j)) - shift);
-    mx = (x[j] > mx || x[j] != x[j]) ? x[j] : mx;
+    mx = max_keep_nan(mx, x[j]);
   }
   return mx;
 }
 
-/// Row layout: x[j] = exp_flush(x[j] - m) for j in [0, n); returns the sum.
+/// Row layout: x[j] = 2^(x[j] - m) for j in [0, n); returns the sum.
 inline float exp_row(float* x, index_t n, float m) {
   namespace ei = Eigen::internal;
   const packet vm = ei::pset1<packet>(m);
   packet acc = ei::pzero(vm);
   index_t j = 0;
   for (; j + lanes <= n; j += lanes) {
-    const packet p = exp_flush_packet(ei::psub(ei::ploadu<packet>(x + j), vm));
+    const packet p = exp2_packet(ei::psub(ei::ploadu<packet>(x + j), vm));
     ei::pstoreu(x + j, p);
     acc = ei::padd(acc, p);
   }
-  float sum = ei::predux(acc);
-  for (; j < n; ++j) sum += (x[j] = exp_flush(x[j] - m));
-  return sum;
+  return ei::predux(acc) + (j < n ? exp2_tail(x + j, n - j, m) : 0.0f);
 }
 
 #else  // no SIMD: the same passes one element at a time
@@ -204,7 +232,7 @@ inline void score_tile(float* s, index_t lds, const tile_geometry& g, float scal
         continue;
       }
       x = scale * x + neg_slope * (std::fabs(g.base[t] - static_cast<float>(j)) - g.shift[t]);
-      mx[t] = (x > mx[t] || x != x) ? x : mx[t];
+      mx[t] = max_keep_nan(mx[t], x);
     }
 }
 
@@ -214,7 +242,7 @@ inline void exp_tile(float* s, index_t lds, index_t rows, index_t cols, const fl
   for (index_t j = 0; j < cols; ++j)
     for (index_t t = 0; t < rows; ++t) {
       float& x = s[j * lds + t];
-      x = exp_flush(x - m_use[t]);
+      x = exp2_flush(x - m_use[t]);
       lsum[t] += x;
     }
 }
@@ -229,14 +257,14 @@ inline float score_row(float* x, index_t n, index_t vb, index_t ve, float scale,
       continue;
     }
     x[j] = scale * x[j] + neg_slope * (std::fabs(base - static_cast<float>(j)) - shift);
-    mx = (x[j] > mx || x[j] != x[j]) ? x[j] : mx;
+    mx = max_keep_nan(mx, x[j]);
   }
   return mx;
 }
 
 inline float exp_row(float* x, index_t n, float m) {
   float sum = 0.0f;
-  for (index_t j = 0; j < n; ++j) sum += (x[j] = exp_flush(x[j] - m));
+  for (index_t j = 0; j < n; ++j) sum += (x[j] = exp2_flush(x[j] - m));
   return sum;
 }
 
@@ -259,10 +287,11 @@ inline void score_tile_far(float* s, index_t row_stride, index_t col_stride, con
         continue;
       }
       x = scale * x + alibi_bias(slope, q_pos0 + t, k_pos0 + j, shift[t]);
-      mx[t] = (x > mx[t] || x != x) ? x : mx[t];
+      mx[t] = max_keep_nan(mx[t], x);
     }
 }
 
+}  // namespace ALIBI_CPU_ISA
 }  // namespace cpu
 }  // namespace detail
 }  // namespace alibi

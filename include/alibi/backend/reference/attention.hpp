@@ -15,9 +15,9 @@ namespace detail {
 
 template <>
 struct attention_impl<backend::reference> {
-  template <class TQ, class TKV, class TO>
+  template <class TQ, class TKV, class TO, class Isa>
   static status can_implement(const backend::reference&, const attention_problem&,
-                              const attention_tensors<TQ, TKV, TO>&) {
+                              const attention_tensors<TQ, TKV, TO, Isa>&) {
     if (!std::is_floating_point<TQ>::value || !std::is_floating_point<TKV>::value ||
         !std::is_floating_point<TO>::value)
       return status::failure(
@@ -25,20 +25,19 @@ struct attention_impl<backend::reference> {
     return {};
   }
 
-  template <class TQ, class TKV, class TO>
+  template <class TQ, class TKV, class TO, class Isa>
   static void run(const backend::reference&, const attention_problem& p,
-                  const attention_tensors<TQ, TKV, TO>& t) {
+                  const attention_tensors<TQ, TKV, TO, Isa>& t) {
     if constexpr (std::is_floating_point<TQ>::value && std::is_floating_point<TKV>::value &&
                   std::is_floating_point<TO>::value)
       compute(p, t.q, t.k, t.v, t.out);
   }
 
   template <class TQ, class TKV, class TO>
-  static void compute(const attention_problem& p,
-                      tensor_view<const TQ, 4> q,   // (B, Hq, Lq, D)
-                      tensor_view<const TKV, 4> k,  // (B, Hkv, Lk, D)
-                      tensor_view<const TKV, 4> v,  // (B, Hkv, Lk, Dv)
-                      tensor_view<TO, 4> out) {     // (B, Hq, Lq, Dv)
+  static void compute(const attention_problem& p, tensor_view<const TQ, 4> q,  // (B, Hq, Lq, D)
+                      tensor_view<const TKV, 4> k,                             // (B, Hkv, Lk, D)
+                      tensor_view<const TKV, 4> v,                             // (B, Hkv, Lk, Dv)
+                      tensor_view<TO, 4> out) {                                // (B, Hq, Lq, Dv)
     constexpr double neg_inf = -std::numeric_limits<double>::infinity();
     std::vector<double> scores(static_cast<std::size_t>(p.q_len * p.k_len));  // (Lq, Lk)
     std::vector<double> acc(static_cast<std::size_t>(p.v_head_dim));          // (Dv)
@@ -61,10 +60,8 @@ struct attention_impl<backend::reference> {
             // slope 0 (or ALiBi disabled) adds nothing at all, not a signed zero. The row's
             // distance shift keeps the bias small and exact in double even for positions
             // near 2^60 (the softmax does not see it; logsumexp adds it back below).
-            row[j] =
-                static_cast<double>(p.scale) * dot +
-                (p.slopes.enabled ? alibi_bias_exact(slope, qo + i, ko + j, row_shift)
-                                  : 0.0);
+            row[j] = static_cast<double>(p.scale) * dot +
+                     (p.slopes.enabled ? alibi_bias_exact(slope, qo + i, ko + j, row_shift) : 0.0);
           }
         }
         for (index_t i = 0; i < p.q_len; ++i) {

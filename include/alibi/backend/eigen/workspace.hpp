@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: MIT
+// Memory of the fused CPU kernel: alibi's own aligned buffers and the per-thread workspace.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <new>
+#include <utility>
+
+#include "alibi/config.hpp"
+#include "alibi/detail/online_softmax.hpp"
+#include "alibi/tensor_view.hpp"
+
+namespace alibi {
+namespace detail {
+namespace cpu {
+
+/// Tile sizes and work-splitting constants of the fused CPU kernel.
+struct kernel_config {
+  static constexpr index_t block_q = 512;  // query rows per work item
+  static constexpr index_t block_k = 128;  // keys per inner tile
+  // Few (batch, head, query tile) items (decoding: q_len 1..16) leave threads idle, so the
+  // keys are then split into chunks whose partial results are merged through their
+  // softmax states. The split depends on the shape only, never on the thread count, so
+  // results stay bitwise independent of the thread count.
+  static constexpr index_t min_items = 16;
+  static constexpr index_t min_split_keys = 2048;
+  static_assert(min_split_keys % block_k == 0, "key chunks must hold whole key tiles");
+};
+
+/// A growable array of trivially copyable T, 64-byte aligned, allocated by alibi itself.
+/// Why not Eigen::aligned_allocator: Eigen's aligned allocation differs with the compiler's
+/// target flags (16- or 64-byte alignment, malloc or a hand-made offset) behind one weak
+/// inline symbol, so in a program whose translation units were built with different -march
+/// flags memory allocated by one could be freed by the other's deallocator. This buffer
+/// behaves the same whatever the flags. Growing discards the contents.
+template <class T>
+class aligned_buffer {
+ public:
+  static constexpr std::size_t alignment = 64;
+  aligned_buffer() = default;
+  aligned_buffer(const aligned_buffer&) = delete;
+  aligned_buffer& operator=(const aligned_buffer&) = delete;
+  aligned_buffer(aligned_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  aligned_buffer& operator=(aligned_buffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ~aligned_buffer() { release(); }
+
+  /// At least n elements; new storage is filled with `fill`.
+  void reserve(std::size_t n, T fill = T{}) {
+    if (n <= size_) return;
+    T* fresh = static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{alignment}));
+    release();
+    data_ = fresh;
+    size_ = n;
+    std::fill(data_, data_ + n, fill);
+  }
+  /// Exactly n elements, all set to `value` (reusing the storage when it is large enough).
+  void assign(std::size_t n, T value) {
+    reserve(n, value);
+    std::fill(data_, data_ + n, value);
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  T& operator[](index_t i) { return data_[i]; }
+  const T& operator[](index_t i) const { return data_[i]; }
+
+ private:
+  void release() {
+    if (data_) ::operator delete (data_, std::align_val_t{alignment});
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// Leading dimensions of the scratch matrices, in floats: a multiple of 16 (64 bytes).
+inline index_t padded_stride(index_t n) { return (n + 15) / 16 * 16; }
+
+/// Per-thread scratch, grown on demand and reused across calls. Why aligned, with padded
+/// leading dimensions: Eigen picks its packet peeling from pointer alignment, which would
+/// change the summation order, and so the last bits, from one thread's buffers to another's;
+/// with every buffer 64-byte aligned every thread computes in the same order.
+struct workspace {
+  static constexpr index_t rows = kernel_config::block_q + 16;  // room for packet padding
+  aligned_buffer<float> s;  // (rows, block_k) column-major: scores, then probabilities
+  aligned_buffer<float> o;  // (rows, Dv) column-major: unnormalized output
+  aligned_buffer<float> v;  // (block_k, padded Dv) a V tile with unusable rows zeroed
+  // Per query row of the item (rows):
+  aligned_buffer<float> base, shift_f, mx, m_use, alpha, lsum, qnorm;
+  aligned_buffer<softmax_state> state;
+  aligned_buffer<index_t> shift, begin, end;
+  // Per key of the tile (block_k): valid local rows [c0, c1).
+  aligned_buffer<index_t> c0, c1;
+  aligned_buffer<index_t> bad;  // keys of the tile whose V row stays out of the GEMM
+  index_t bad_count = 0;
+
+  void reserve(index_t dv) {
+    const auto r = static_cast<std::size_t>(rows);
+    const auto bk = static_cast<std::size_t>(kernel_config::block_k);
+    // At least one padded row even for v_head_dim 0, so that no map is built on null.
+    const auto d = static_cast<std::size_t>(padded_stride(std::max<index_t>(dv, 1)));
+    s.reserve(r * bk);
+    o.reserve(r * d);
+    v.reserve(bk * d);
+    for (auto* a : {&base, &shift_f, &mx, &m_use, &alpha, &lsum, &qnorm}) a->reserve(r);
+    state.reserve(r);
+    for (auto* a : {&shift, &begin, &end}) a->reserve(r);
+    for (auto* a : {&c0, &c1, &bad}) a->reserve(bk);
+  }
+};
+
+}  // namespace cpu
+}  // namespace detail
+}  // namespace alibi

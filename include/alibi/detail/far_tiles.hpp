@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: MIT
+// The far-tile bound (ALiBi-specific): when the keys left on one side of a query row are far
+// enough away, the ALiBi bias makes their total softmax weight provably negligible, and a
+// kernel may skip them. One host/device function for every backend that skips.
+#pragma once
+
+#include <cmath>
+
+#include "alibi/config.hpp"
+#include "alibi/detail/online_softmax.hpp"
+#include "alibi/tensor_view.hpp"
+
+namespace alibi {
+namespace detail {
+
+/// Natural log of the skip threshold: the skipped weight stays below 2^-25 of the row's
+/// running normalizer, so the output moves by less than 2^-24 max|v| (half an fp32 ulp of a
+/// unit output) even counting the bound's own fp32 slack.
+inline constexpr double skip_log_epsilon = -25 * 0.69314718055994531;
+
+/// The bound for one (row, head): every score of the row against a key at distance dist is
+/// at most c - slope * (dist - shift), with c = |scale| |q| max|k| (Cauchy-Schwarz). Keys on
+/// one side of the row, the nearest at distance dn, have distinct distances dn, dn + 1, ...,
+/// so their total weight exp(score - m) is at most
+///   exp(c - slope (dn - shift) - m) / (1 - exp(-slope)).
+/// When that is below 2^-25 l (l: the row's running normalizer relative to its running
+/// maximum m, a lower bound on the final one), the keys are skipped. Valid for slope > 0
+/// only; callers never skip otherwise (and never when a norm is NaN: comparisons with NaN
+/// are false).
+struct far_tile_bound {
+  double abs_scale = 0.0;  // |scale|
+  double slope = 0.0;
+  double log_geo = 0.0;  // -log(1 - exp(-slope)): the geometric series over the distances
+
+  ALIBI_HOST_DEVICE static far_tile_bound make(float scale, float slope) {
+    far_tile_bound b;
+    b.abs_scale = std::fabs(static_cast<double>(scale));
+    b.slope = slope;
+    b.log_geo = -std::log(-std::expm1(-static_cast<double>(slope)));
+    return b;
+  }
+
+  /// Whether the keys of one side are negligible for a row whose running state (base-2
+  /// units) is `st`, query norm `qnorm`, with key norms at most `kmax` there, the nearest
+  /// at distance `dn` (>= 0), for a row whose scores were computed with distance shift
+  /// `shift`.
+  ALIBI_HOST_DEVICE bool negligible(const softmax_state& st, float qnorm, float kmax, index_t dn,
+                                    index_t shift) const {
+    const double l = st.l, m = static_cast<double>(st.m) * 0.69314718055994531;  // natural log
+    if (!(l > 0.0) || !(m > -1e300 && m < 1e300)) return false;
+    const double c = abs_scale * qnorm * kmax;
+    const double log_bound = c - slope * static_cast<double>(dn - shift) + log_geo - m;
+    return log_bound <= skip_log_epsilon + std::log(l);  // false for NaN
+  }
+};
+
+}  // namespace detail
+}  // namespace alibi
