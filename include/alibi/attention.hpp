@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "alibi/backend/fwd.hpp"
 #include "alibi/config.hpp"
@@ -43,7 +44,8 @@ struct attention_impl {
 /// Whether a backend reads host memory (so that the front end can check the values of the
 /// per-batch views, not only their shapes).
 template <class Backend>
-constexpr bool reads_host_memory = std::is_same<typename Backend::memory_space, host_space>::value;
+inline constexpr bool reads_host_memory =
+    std::is_same<typename Backend::memory_space, host_space>::value;
 
 inline std::string str(index_t v) { return std::to_string(v); }
 
@@ -53,6 +55,8 @@ index_t max_offset(const tensor_view<T, R>& v) {
   index_t off = 0;
   for (int d = 0; d < R; ++d) {
     if (v.extents[d] == 0) return 0;
+    if (v.extents[d] == 1) continue;                                     // its stride is never used
+    if (v.strides[d] == std::numeric_limits<index_t>::min()) return -1;  // |stride| overflows
     const index_t s = v.strides[d] < 0 ? -v.strides[d] : v.strides[d];
     index_t term = 0;
     if (__builtin_mul_overflow(v.extents[d] - 1, s, &term)) return -1;
@@ -61,13 +65,31 @@ index_t max_offset(const tensor_view<T, R>& v) {
   return off;
 }
 
-/// Checks one view: sizes non-negative, data present when non-empty, offsets in int64.
+/// The number of elements of a view (extents non-negative), or -1 if it does not fit in
+/// int64. tensor_view::size() stays a plain product (usable on the device); the front end
+/// checks with this first, so that size() never overflows on a view it accepted.
+template <class T, int R>
+index_t element_count(const tensor_view<T, R>& v) {
+  for (int d = 0; d < R; ++d)
+    if (v.extents[d] == 0) return 0;  // empty, however large the other extents
+  index_t n = 1;
+  for (int d = 0; d < R; ++d)
+    if (__builtin_mul_overflow(n, v.extents[d], &n)) return -1;
+  return n;
+}
+
+/// Checks one view: sizes non-negative, element count and offsets in int64, data present
+/// when non-empty.
 template <class T, int R>
 status check_view(const char* fn, const char* name, const tensor_view<T, R>& v) {
   for (int d = 0; d < R; ++d)
     if (v.extents[d] < 0)
       return status::failure(std::string(fn) + ": " + name + ".extent(" + str(d) +
                              ") must be >= 0, got " + str(v.extents[d]));
+  if (element_count(v) < 0)
+    return status::failure(std::string(fn) + ": " + name +
+                           "'s element count (the product of its extents) must fit in a "
+                           "64-bit integer");
   if (v.size() > 0 && v.data == nullptr)
     return status::failure(std::string(fn) + ": " + name + ".data is null but " + name + " has " +
                            str(v.size()) + " elements");
@@ -75,6 +97,53 @@ status check_view(const char* fn, const char* name, const tensor_view<T, R>& v) 
     return status::failure(std::string(fn) + ": " + name +
                            "'s extents and strides reach past a 64-bit element offset");
   return {};
+}
+
+/// Whether two distinct indices of `v` may address the same element. Sufficient test for
+/// strided layouts: order the dimensions with extent > 1 by |stride|; each |stride| must
+/// exceed the largest offset reachable by the smaller dimensions together, sum (extent - 1)
+/// * |stride|. Layouts that interleave (rare for outputs) are refused even where they happen
+/// not to collide. Call after check_view passed (the sums then fit in int64).
+template <class T, int R>
+bool may_overlap(const tensor_view<T, R>& v) {
+  if (element_count(v) <= 1) return false;
+  index_t ext[R], step[R];  // extents > 1 and their |stride|
+  int n = 0;
+  for (int d = 0; d < R; ++d)
+    if (v.extents[d] > 1) {
+      ext[n] = v.extents[d];
+      step[n] = v.strides[d] < 0 ? -v.strides[d] : v.strides[d];
+      ++n;
+    }
+  // Insertion sort by |stride| (R is small).
+  for (int i = 1; i < n; ++i)
+    for (int j = i; j > 0 && step[j] < step[j - 1]; --j) {
+      std::swap(step[j], step[j - 1]);
+      std::swap(ext[j], ext[j - 1]);
+    }
+  index_t reach = 0;  // largest offset the dimensions before i reach together
+  for (int i = 0; i < n; ++i) {
+    if (step[i] <= reach) return true;
+    reach += (ext[i] - 1) * step[i];
+  }
+  return false;
+}
+
+/// Refuses an output view whose elements overlap (written twice: the result would depend on
+/// the order of the writes, and threads would race).
+template <class T, int R>
+status check_no_overlap(const char* fn, const char* name, const tensor_view<T, R>& v) {
+  if (!may_overlap(v)) return {};
+  std::string shape, strides;
+  for (int d = 0; d < R; ++d) {
+    shape += (d ? ", " : "") + str(v.extents[d]);
+    strides += (d ? ", " : "") + str(v.strides[d]);
+  }
+  return status::failure(std::string(fn) + ": " + name +
+                         "'s elements must not overlap (each index must address its own "
+                         "element), but extents (" +
+                         shape + ") with strides (" + strides +
+                         ") make distinct indices share elements");
 }
 
 /// Checks an optional view's shape when it is given.
@@ -110,6 +179,7 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
   for (const status& s : {check_view(fn, "q", q), check_view(fn, "k", k), check_view(fn, "v", v),
                           check_view(fn, "out", out)})
     if (!s) return s;
+  if (status s = check_no_overlap(fn, "out", out); !s) return s;
   const index_t B = q.extents[0], Hq = q.extents[1], Lq = q.extents[2], D = q.extents[3];
   const index_t Hkv = k.extents[1], Lk = k.extents[2], Dv = v.extents[3];
   if (k.extents[0] != B || v.extents[0] != B || out.extents[0] != B)
@@ -161,7 +231,16 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
     return status::failure(f + ": q_len and k_len must be below 2^60, got " + str(Lq) + " and " +
                            str(Lk));
   const slope_config& sc = p.slopes;
-  if (sc.values.data) {
+  // Caller slopes are given when the view has data or any non-zero extent: a null pointer
+  // with extents (per_head(nullptr, heads)) is an error, never "omitted".
+  const bool caller_slopes =
+      sc.values.data != nullptr || sc.values.extents[0] != 0 || sc.values.extents[1] != 0;
+  if (caller_slopes) {
+    if (sc.values.data == nullptr && element_count(sc.values) != 0)
+      return status::failure(f + ": params.slopes.values has extents (" +
+                             str(sc.values.extents[0]) + ", " + str(sc.values.extents[1]) +
+                             ") but null data; pass the slopes, or leave params.slopes.values "
+                             "default-constructed for generated slopes");
     if ((sc.values.extents[0] != 1 && sc.values.extents[0] != B) || sc.values.extents[1] != Hq)
       return status::failure(f + ": params.slopes.values must have shape (1 or batch = " + str(B) +
                              ", q_heads = " + str(Hq) + "), got (" + str(sc.values.extents[0]) +
@@ -191,6 +270,7 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
           check_optional(fn, "params.logsumexp", p.logsumexp, bhq, "(batch, q_heads, q_len)");
       !s)
     return s;
+  if (status s = check_no_overlap(fn, "params.logsumexp", p.logsumexp); !s) return s;
 
   prob = attention_problem{};
   prob.batch = B;
@@ -214,7 +294,9 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
 
   if (host_values) {
     for (index_t b = 0; b < B; ++b) {
-      const index_t lq = prob.len_q(b), lk = prob.len_k(b);
+      // The raw values: len_q / len_k clamp (for device-side lengths), the host refuses.
+      const index_t lq = p.q_lengths.data ? p.q_lengths(b) : Lq;
+      const index_t lk = p.k_lengths.data ? p.k_lengths(b) : Lk;
       if (lq < 0 || lq > Lq)
         return status::failure(f + ": params.q_lengths(" + str(b) +
                                ") must be in [0, q_len = " + str(Lq) + "], got " + str(lq));
@@ -222,9 +304,13 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
         return status::failure(f + ": params.k_lengths(" + str(b) +
                                ") must be in [0, k_len = " + str(Lk) + "], got " + str(lk));
       const index_t qo = prob.q_offset(b), ko = prob.k_offset(b);
-      if (qo <= -pos_limit || qo >= pos_limit || ko <= -pos_limit || ko >= pos_limit)
-        return status::failure(f + ": params.q_offsets/k_offsets(" + str(b) +
-                               ") must have magnitude below 2^60");
+      // (A default q_offset, len_k - len_q, is always in range: only a given one can fail.)
+      if (qo <= -pos_limit || qo >= pos_limit)
+        return status::failure(f + ": params.q_offsets(" + str(b) +
+                               ") must have magnitude below 2^60, got " + str(qo));
+      if (ko <= -pos_limit || ko >= pos_limit)
+        return status::failure(f + ": params.k_offsets(" + str(b) +
+                               ") must have magnitude below 2^60, got " + str(ko));
     }
   }
   return {};

@@ -3,6 +3,8 @@
 // includes this one first; nothing here pulls a third-party header.
 #pragma once
 
+#include <cstdlib>
+
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define ALIBI_HOST_DEVICE __host__ __device__
 #define ALIBI_DEVICE __device__
@@ -19,7 +21,9 @@
 
 // ALIBI_THROW(e): how the library reports a bad argument. Users who build without
 // exceptions define it before including any alibi header (for example to log and abort);
-// the non-throwing `can_implement` front end never uses it.
+// the non-throwing `can_implement` front end never uses it. The library invokes it only
+// through alibi::detail::raise, which is [[noreturn]]: a user ALIBI_THROW that returns
+// ends the program with std::abort() (the code after a failed check is never run).
 #ifndef ALIBI_THROW
 #define ALIBI_THROW(e) throw(e)
 #endif
@@ -69,6 +73,21 @@ struct isa_tag {};
 }  // namespace detail
 }  // namespace alibi
 #endif
+
+namespace alibi {
+namespace detail {
+
+/// Reports an error (alibi::error, alibi::cuda_error) through ALIBI_THROW. Every throw in
+/// the library goes through here, so that a user ALIBI_THROW that returns cannot make a
+/// function fall off its end or carry on past a failed check.
+template <class E>
+[[noreturn]] inline void raise(const E& e) {
+  ALIBI_THROW(e);
+  std::abort();
+}
+
+}  // namespace detail
+}  // namespace alibi
 
 #define ALIBI_VERSION_MAJOR 0
 #define ALIBI_VERSION_MINOR 1

@@ -63,9 +63,9 @@ eigen_map_t<T, R> to_eigen(tensor_view<T, R> v) {
   index_t s = 1;
   for (int d = R - 1; d >= 0; --d) {
     if (v.extents[d] > 1 && v.strides[d] != s)
-      ALIBI_THROW(error("alibi::to_eigen: the view must be dense row-major; stride(" +
-                        std::to_string(d) + ") is " + std::to_string(v.strides[d]) + ", expected " +
-                        std::to_string(s)));
+      detail::raise(error("alibi::to_eigen: the view must be dense row-major; stride(" +
+                          std::to_string(d) + ") is " + std::to_string(v.strides[d]) +
+                          ", expected " + std::to_string(s)));
     s *= v.extents[d];
   }
   Eigen::array<Eigen::Index, R> dims;
@@ -79,9 +79,9 @@ inline Eigen::Tensor<float, 3, Eigen::RowMajor> bias_matrix(index_t heads, index
                                                             index_t k_len,
                                                             const attention_params& params = {}) {
   if (heads < 0 || q_len < 0 || k_len < 0)
-    ALIBI_THROW(error("alibi::bias_matrix: heads, q_len and k_len must be >= 0, got " +
-                      std::to_string(heads) + ", " + std::to_string(q_len) + ", " +
-                      std::to_string(k_len)));
+    detail::raise(error("alibi::bias_matrix: heads, q_len and k_len must be >= 0, got " +
+                        std::to_string(heads) + ", " + std::to_string(q_len) + ", " +
+                        std::to_string(k_len)));
   Eigen::Tensor<float, 3, Eigen::RowMajor> t(heads, q_len, k_len);
   fill_bias(make_view(t.data(), index_t(1), heads, q_len, k_len), params);
   return t;

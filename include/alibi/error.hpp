@@ -32,7 +32,7 @@ class status {
   const std::string& message() const noexcept { return message_; }
   /// Throws alibi::error when the status is a failure.
   void throw_if_failed() const {
-    if (!ok_) ALIBI_THROW(error(message_));
+    if (!ok_) detail::raise(error(message_));
   }
 
  private:

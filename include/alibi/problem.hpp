@@ -72,13 +72,27 @@ struct attention_problem {
   bool skip_far_tiles = true;
   attention_stats* stats = nullptr;
 
-  ALIBI_HOST_DEVICE index_t len_q(index_t b) const { return q_lengths.data ? q_lengths(b) : q_len; }
-  ALIBI_HOST_DEVICE index_t len_k(index_t b) const { return k_lengths.data ? k_lengths(b) : k_len; }
+  /// Valid query rows / keys of batch entry b, clamped to [0, q_len] / [0, k_len]. Why:
+  /// on the host make_problem refuses out-of-range lengths (it checks the raw values), but
+  /// device-side lengths cannot be read by the host check; clamping here keeps a bad value
+  /// from making a kernel read past the ends of K and V or write past out (two compares,
+  /// no effect on valid values).
+  ALIBI_HOST_DEVICE index_t len_q(index_t b) const {
+    return q_lengths.data ? clamp_length(q_lengths(b), q_len) : q_len;
+  }
+  ALIBI_HOST_DEVICE index_t len_k(index_t b) const {
+    return k_lengths.data ? clamp_length(k_lengths(b), k_len) : k_len;
+  }
   ALIBI_HOST_DEVICE index_t q_offset(index_t b) const {
     return q_offsets.data ? q_offsets(b) : len_k(b) - len_q(b);
   }
   ALIBI_HOST_DEVICE index_t k_offset(index_t b) const { return k_offsets.data ? k_offsets(b) : 0; }
-  ALIBI_HOST_DEVICE index_t group_size() const { return q_heads / kv_heads; }
+  /// Query heads per kv head (GQA). At least 1, so that kv_head never divides by zero:
+  /// problems without heads (q_heads = 0, with or without kv heads) are empty and never ask
+  /// for a kv head, but a backend may still compute sizes from the group size.
+  ALIBI_HOST_DEVICE index_t group_size() const {
+    return kv_heads > 0 && q_heads >= kv_heads ? q_heads / kv_heads : 1;
+  }
   ALIBI_HOST_DEVICE index_t kv_head(index_t h) const { return h / group_size(); }
   /// The slope for query head h of batch entry b (0 when ALiBi is disabled).
   ALIBI_HOST_DEVICE float slope(index_t b, index_t h) const {
@@ -106,6 +120,11 @@ struct attention_problem {
   }
   ALIBI_HOST_DEVICE bool key_excluded(index_t b, index_t j) const {
     return key_mask.data != nullptr && key_mask(b, j);
+  }
+
+ private:
+  ALIBI_HOST_DEVICE static index_t clamp_length(index_t n, index_t limit) {
+    return n < 0 ? 0 : n > limit ? limit : n;
   }
 };
 

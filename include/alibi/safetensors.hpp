@@ -49,7 +49,7 @@ class json_parser {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    ALIBI_THROW(error("alibi::safetensors: " + origin_ + ": invalid header: " + what));
+    detail::raise(error("alibi::safetensors: " + origin_ + ": invalid header: " + what));
   }
   void skip_space() {
     while (p_ != end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
@@ -291,7 +291,7 @@ class safetensors {
   /// Reads and validates the file at `path`.
   static safetensors read(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
-    if (!in) ALIBI_THROW(error("alibi::safetensors: cannot open '" + path + "'"));
+    if (!in) detail::raise(error("alibi::safetensors: cannot open '" + path + "'"));
     std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
                                      std::istreambuf_iterator<char>());
     return parse(std::move(bytes), "'" + path + "'");
@@ -342,7 +342,7 @@ class safetensors {
   const tensor_info& info(const std::string& name) const {
     const auto it = tensors_.find(name);
     if (it == tensors_.end())
-      ALIBI_THROW(error("alibi::safetensors: " + origin_ + " has no tensor '" + name + "'"));
+      detail::raise(error("alibi::safetensors: " + origin_ + " has no tensor '" + name + "'"));
     return it->second;
   }
   /// The tensor's values converted to float (F32, F16, BF16, F64), row-major.
@@ -366,8 +366,8 @@ class safetensors {
       } else if (t.dtype == "F16") {
         out[i] = detail::half_bits_to_float(le<std::uint16_t>(p + 2 * i));
       } else {
-        ALIBI_THROW(error("alibi::safetensors: tensor '" + name + "' in " + origin_ +
-                          " has dtype " + t.dtype + "; expected F32, F16, BF16 or F64"));
+        detail::raise(error("alibi::safetensors: tensor '" + name + "' in " + origin_ +
+                            " has dtype " + t.dtype + "; expected F32, F16, BF16 or F64"));
       }
     }
     return out;
@@ -384,7 +384,7 @@ class safetensors {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    ALIBI_THROW(error("alibi::safetensors: " + origin_ + ": " + what));
+    detail::raise(error("alibi::safetensors: " + origin_ + ": " + what));
   }
   template <class U>
   static U le(const unsigned char* p) {
@@ -408,16 +408,19 @@ class safetensors {
     t.dtype = dtype->text;
     const std::size_t esize = dtype_size(t.dtype);
     if (esize == 0) fail(what + "unknown dtype " + t.dtype);
-    std::uint64_t count = 1;
+    // The element count and the byte size are checked products: a wrapped size could
+    // match a short (even empty) byte range and make a huge shape look valid.
+    std::uint64_t count = 1, bytes = 0;
     for (const auto& e : shape->items) {
       if (e.type != kind::integer || e.integer < 0)
         fail(what + "shape entries must be integers >= 0");
-      if (e.integer != 0 &&
-          count > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(e.integer))
-        fail(what + "the shape's element count overflows");
-      count *= static_cast<std::uint64_t>(e.integer);
+      if (__builtin_mul_overflow(count, static_cast<std::uint64_t>(e.integer), &count))
+        fail(what + "the shape's element count overflows 64 bits");
       t.shape.push_back(e.integer);
     }
+    if (__builtin_mul_overflow(count, static_cast<std::uint64_t>(esize), &bytes))
+      fail(what + "the shape's byte size (" + std::to_string(count) + " elements of " + t.dtype +
+           ") overflows 64 bits");
     for (const auto& e : offsets->items)
       if (e.type != kind::integer || e.integer < 0)
         fail(what + "data_offsets must be integers >= 0");
@@ -426,9 +429,9 @@ class safetensors {
     if (begin > end || end > data_size)
       fail(what + "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
            "] lie outside the data section (" + std::to_string(data_size) + " bytes)");
-    if (end - begin != count * esize)
+    if (end - begin != bytes)
       fail(what + "holds " + std::to_string(end - begin) + " bytes, but dtype " + t.dtype +
-           " and its shape need " + std::to_string(count * esize));
+           " and its shape need " + std::to_string(bytes));
     t.begin = static_cast<std::size_t>(begin);
     t.end = static_cast<std::size_t>(end);
     return t;
@@ -446,26 +449,19 @@ class safetensors_writer {
  public:
   void add(const std::string& name, const std::vector<index_t>& shape, const float* data) {
     if (name == "__metadata__" || name.empty())
-      ALIBI_THROW(error("alibi::safetensors_writer: invalid tensor name '" + name + "'"));
-    index_t n = 1;
-    for (index_t e : shape) {
-      if (e < 0)
-        ALIBI_THROW(
-            error("alibi::safetensors_writer: tensor '" + name + "' has a negative extent"));
-      n *= e;
-    }
+      detail::raise(error("alibi::safetensors_writer: invalid tensor name '" + name + "'"));
+    const index_t n = element_count(name, shape);
     entry& t = tensors_[name];
     t.shape = shape;
     t.data.assign(data, data + n);
   }
   void add(const std::string& name, const std::vector<index_t>& shape,
            const std::vector<float>& data) {
-    index_t n = 1;
-    for (index_t e : shape) n *= e;
+    const index_t n = element_count(name, shape);
     if (static_cast<index_t>(data.size()) != n)
-      ALIBI_THROW(error("alibi::safetensors_writer: tensor '" + name + "' has " +
-                        std::to_string(data.size()) + " values for a shape of " +
-                        std::to_string(n) + " elements"));
+      detail::raise(error("alibi::safetensors_writer: tensor '" + name + "' has " +
+                          std::to_string(data.size()) + " values for a shape of " +
+                          std::to_string(n) + " elements"));
     add(name, shape, data.data());
   }
   void metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
@@ -512,10 +508,27 @@ class safetensors_writer {
     const std::vector<unsigned char> b = bytes();
     std::ofstream out(path, std::ios::binary);
     out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-    if (!out) ALIBI_THROW(error("alibi::safetensors_writer: cannot write '" + path + "'"));
+    if (!out) detail::raise(error("alibi::safetensors_writer: cannot write '" + path + "'"));
   }
 
  private:
+  /// The shape's element count; its bytes (4 each) must fit in int64 too.
+  static index_t element_count(const std::string& name, const std::vector<index_t>& shape) {
+    index_t n = 1;
+    for (index_t e : shape) {
+      if (e < 0)
+        detail::raise(
+            error("alibi::safetensors_writer: tensor '" + name + "' has a negative extent"));
+      if (__builtin_mul_overflow(n, e, &n))
+        detail::raise(error("alibi::safetensors_writer: tensor '" + name +
+                            "': the shape's element count overflows 64 bits"));
+    }
+    index_t bytes = 0;
+    if (__builtin_mul_overflow(n, index_t{4}, &bytes))
+      detail::raise(error("alibi::safetensors_writer: tensor '" + name +
+                          "': the shape's byte size overflows 64 bits"));
+    return n;
+  }
   struct entry {
     std::vector<index_t> shape;
     std::vector<float> data;

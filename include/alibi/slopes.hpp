@@ -44,15 +44,15 @@ inline std::vector<float> slopes_slice(std::int64_t global_heads, std::int64_t h
                                        std::int64_t count, float max_bias = 8.0f,
                                        float scale = 1.0f) {
   if (global_heads < 0)
-    ALIBI_THROW(error("alibi::slopes_slice: global_heads must be >= 0, got " +
-                      std::to_string(global_heads)));
+    detail::raise(error("alibi::slopes_slice: global_heads must be >= 0, got " +
+                        std::to_string(global_heads)));
   if (head_offset < 0 || count < 0 || head_offset > global_heads - count)
-    ALIBI_THROW(error("alibi::slopes_slice: [head_offset, head_offset + count) = [" +
-                      std::to_string(head_offset) + ", " + std::to_string(head_offset + count) +
-                      ") must lie within [0, global_heads = " + std::to_string(global_heads) +
-                      ")"));
+    detail::raise(error("alibi::slopes_slice: [head_offset, head_offset + count) = [" +
+                        std::to_string(head_offset) + ", " + std::to_string(head_offset + count) +
+                        ") must lie within [0, global_heads = " + std::to_string(global_heads) +
+                        ")"));
   if (!std::isfinite(max_bias) || !std::isfinite(scale))
-    ALIBI_THROW(error("alibi::slopes_slice: max_bias and scale must be finite"));
+    detail::raise(error("alibi::slopes_slice: max_bias and scale must be finite"));
   std::vector<float> out(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i)
     out[static_cast<std::size_t>(i)] = slope(head_offset + i, global_heads, max_bias) * scale;

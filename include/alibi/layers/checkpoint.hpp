@@ -19,12 +19,12 @@ void load_parameters(Module& module, const safetensors& file, const std::string&
     const std::string full = prefix + p.name;
     const std::string expected = detail::shape_text(p.shape);
     if (!file.contains(full))
-      ALIBI_THROW(error("alibi::load_parameters: " + file.origin() + " has no tensor '" + full +
-                        "' (expected shape " + expected + ")"));
+      detail::raise(error("alibi::load_parameters: " + file.origin() + " has no tensor '" + full +
+                          "' (expected shape " + expected + ")"));
     const safetensors::tensor_info& t = file.info(full);
     if (t.shape != p.shape)
-      ALIBI_THROW(error("alibi::load_parameters: tensor '" + full + "' in " + file.origin() +
-                        " has shape " + detail::shape_text(t.shape) + ", expected " + expected));
+      detail::raise(error("alibi::load_parameters: tensor '" + full + "' in " + file.origin() +
+                          " has shape " + detail::shape_text(t.shape) + ", expected " + expected));
     module.set(p.name, file.to_float(full).data(), p.shape);
   }
 }

@@ -32,14 +32,21 @@ class kv_cache {
         kv_heads_(kv_heads),
         head_dim_(head_dim) {
     if (batch < 0 || capacity < 0 || kv_heads <= 0 || head_dim <= 0)
-      ALIBI_THROW(
+      detail::raise(
           error("alibi::kv_cache: batch and capacity must be >= 0 and kv_heads, head_dim "
                 "> 0; got batch " +
                 detail::str(batch) + ", capacity " + detail::str(capacity) + ", kv_heads " +
                 detail::str(kv_heads) + ", head_dim " + detail::str(head_dim)));
-    index_t n = 0;
-    if (__builtin_mul_overflow(batch * capacity, kv_heads * head_dim, &n))
-      ALIBI_THROW(error("alibi::kv_cache: batch * capacity * kv_heads * head_dim overflows"));
+    // Every product is checked (a wrapped one would allocate too little, or throw
+    // std::bad_alloc / std::length_error instead of naming the argument), bytes included.
+    index_t n = 0, bytes = 0;
+    if (__builtin_mul_overflow(batch, capacity, &n) || __builtin_mul_overflow(n, kv_heads, &n) ||
+        __builtin_mul_overflow(n, head_dim, &n) ||
+        __builtin_mul_overflow(n, static_cast<index_t>(sizeof(T)), &bytes))
+      detail::raise(error("alibi::kv_cache: batch * capacity * kv_heads * head_dim (" +
+                          detail::str(batch) + " * " + detail::str(capacity) + " * " +
+                          detail::str(kv_heads) + " * " + detail::str(head_dim) +
+                          ") elements must fit in 64-bit byte offsets; reduce capacity"));
     ops::resize(k_, n);
     ops::resize(v_, n);
     lengths_.assign(static_cast<std::size_t>(batch), 0);
@@ -66,8 +73,8 @@ class kv_cache {
   void truncate(index_t b, index_t length) {
     index_t& n = lengths_.at(static_cast<std::size_t>(b));
     if (length < 0 || length > n)
-      ALIBI_THROW(error("alibi::kv_cache::truncate: length must be in [0, " + detail::str(n) +
-                        "] for sequence " + detail::str(b) + ", got " + detail::str(length)));
+      detail::raise(error("alibi::kv_cache::truncate: length must be in [0, " + detail::str(n) +
+                          "] for sequence " + detail::str(b) + ", got " + detail::str(length)));
     n = length;
   }
 

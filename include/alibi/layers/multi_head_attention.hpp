@@ -105,21 +105,21 @@ class multi_head_attention {
   static mha_config resolve(mha_config c) {
     const std::string fn = "alibi::multi_head_attention";
     if (c.embed_dim <= 0 || c.q_heads <= 0)
-      ALIBI_THROW(error(fn + ": config.embed_dim and config.q_heads must be > 0, got " +
-                        detail::str(c.embed_dim) + " and " + detail::str(c.q_heads)));
+      detail::raise(error(fn + ": config.embed_dim and config.q_heads must be > 0, got " +
+                          detail::str(c.embed_dim) + " and " + detail::str(c.q_heads)));
     if (c.kv_heads == 0) c.kv_heads = c.q_heads;
     if (c.kv_heads < 0 || c.q_heads % c.kv_heads != 0)
-      ALIBI_THROW(error(fn + ": config.kv_heads (" + detail::str(c.kv_heads) +
-                        ") must divide config.q_heads (" + detail::str(c.q_heads) + ")"));
+      detail::raise(error(fn + ": config.kv_heads (" + detail::str(c.kv_heads) +
+                          ") must divide config.q_heads (" + detail::str(c.q_heads) + ")"));
     if (c.head_dim == 0) {
       if (c.embed_dim % c.q_heads != 0)
-        ALIBI_THROW(error(fn + ": config.embed_dim (" + detail::str(c.embed_dim) +
-                          ") is not a multiple of config.q_heads (" + detail::str(c.q_heads) +
-                          "); set config.head_dim"));
+        detail::raise(error(fn + ": config.embed_dim (" + detail::str(c.embed_dim) +
+                            ") is not a multiple of config.q_heads (" + detail::str(c.q_heads) +
+                            "); set config.head_dim"));
       c.head_dim = c.embed_dim / c.q_heads;
     }
     if (c.head_dim < 0 || c.key_dim < 0 || c.value_dim < 0)
-      ALIBI_THROW(error(fn + ": config.head_dim, key_dim and value_dim must be >= 0"));
+      detail::raise(error(fn + ": config.head_dim, key_dim and value_dim must be >= 0"));
     if (c.key_dim == 0) c.key_dim = c.embed_dim;
     if (c.value_dim == 0) c.value_dim = c.embed_dim;
     return c;
@@ -154,38 +154,40 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
   const index_t nq = cfg_.q_heads * D, nkv = cfg_.kv_heads * D;
   // Preconditions: shapes, row strides, lengths, cache room.
   const index_t B = query.extents[0], Lq = query.extents[1], Lk = key.extents[1];
-  if (B < 0 || Lq < 0 || Lk < 0) ALIBI_THROW(error(f + ": extents must be >= 0"));
+  if (B < 0 || Lq < 0 || Lk < 0) detail::raise(error(f + ": extents must be >= 0"));
   const index_t ldq = detail::row_stride(fn, "query", query, E);
   const index_t ldk = detail::row_stride(fn, "key", key, cfg_.key_dim);
   const index_t ldv = detail::row_stride(fn, "value", value, cfg_.value_dim);
   const index_t ldo = detail::row_stride(fn, "out", out, E);
   if (key.extents[0] != B || value.extents[0] != B || value.extents[1] != Lk)
-    ALIBI_THROW(error(f + ": key and value must have shape (" + str(B) + ", k_len, features) " +
-                      "with the same k_len; got key extents (" + str(key.extents[0]) + ", " +
-                      str(Lk) + ") and value extents (" + str(value.extents[0]) + ", " +
-                      str(value.extents[1]) + ")"));
+    detail::raise(error(f + ": key and value must have shape (" + str(B) + ", k_len, features) " +
+                        "with the same k_len; got key extents (" + str(key.extents[0]) + ", " +
+                        str(Lk) + ") and value extents (" + str(value.extents[0]) + ", " +
+                        str(value.extents[1]) + ")"));
   if (out.extents[0] != B || out.extents[1] != Lq)
-    ALIBI_THROW(error(f + ": out must have shape (" + str(B) + ", " + str(Lq) + ", " + str(E) +
-                      "), got (" + str(out.extents[0]) + ", " + str(out.extents[1]) + ", " +
-                      str(out.extents[2]) + ")"));
+    detail::raise(error(f + ": out must have shape (" + str(B) + ", " + str(Lq) + ", " + str(E) +
+                        "), got (" + str(out.extents[0]) + ", " + str(out.extents[1]) + ", " +
+                        str(out.extents[2]) + ")"));
   const std::vector<index_t> q_len =
       detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, Lq);
   std::vector<index_t> k_len;
   if (cache != nullptr) {
     if (opt.k_lengths.data != nullptr || opt.key_padding_mask.data != nullptr)
-      ALIBI_THROW(error(f + ": opt.k_lengths and opt.key_padding_mask cannot be used with a " +
-                        "kv_cache (it tracks each sequence's length)"));
+      detail::raise(error(f + ": opt.k_lengths and opt.key_padding_mask cannot be used with a " +
+                          "kv_cache (it tracks each sequence's length)"));
     if (cache->batch() != B || cache->kv_heads() != cfg_.kv_heads || cache->head_dim() != D)
-      ALIBI_THROW(error(f + ": the kv_cache has batch " + str(cache->batch()) + ", kv_heads " +
-                        str(cache->kv_heads()) + ", head_dim " + str(cache->head_dim()) +
-                        "; the call needs " + str(B) + ", " + str(cfg_.kv_heads) + ", " + str(D)));
+      detail::raise(error(f + ": the kv_cache has batch " + str(cache->batch()) + ", kv_heads " +
+                          str(cache->kv_heads()) + ", head_dim " + str(cache->head_dim()) +
+                          "; the call needs " + str(B) + ", " + str(cfg_.kv_heads) + ", " +
+                          str(D)));
     k_len = cache->lengths();
     for (index_t b = 0; b < B; ++b) {
       index_t& n = k_len[static_cast<std::size_t>(b)];
       n += q_len[static_cast<std::size_t>(b)];
       if (n > cache->capacity())
-        ALIBI_THROW(error(f + ": sequence " + str(b) + " would hold " + str(n) +
-                          " tokens, more than the kv_cache's capacity " + str(cache->capacity())));
+        detail::raise(error(f + ": sequence " + str(b) + " would hold " + str(n) +
+                            " tokens, more than the kv_cache's capacity " +
+                            str(cache->capacity())));
     }
   } else {
     k_len = detail::host_lengths(fn, "opt.k_lengths", opt.k_lengths, B, Lk);
@@ -195,9 +197,9 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
                             opt.key_padding_mask.extents[1] != 0;
   if (has_key_mask &&
       (opt.key_padding_mask.extents[0] != B || opt.key_padding_mask.extents[1] != Lk))
-    ALIBI_THROW(error(f + ": opt.key_padding_mask must have shape (" + str(B) + ", " + str(Lk) +
-                      "), got (" + str(opt.key_padding_mask.extents[0]) + ", " +
-                      str(opt.key_padding_mask.extents[1]) + ")"));
+    detail::raise(error(f + ": opt.key_padding_mask must have shape (" + str(B) + ", " + str(Lk) +
+                        "), got (" + str(opt.key_padding_mask.extents[0]) + ", " +
+                        str(opt.key_padding_mask.extents[1]) + ")"));
   double* t_proj = opt.timings ? &opt.timings->projections : nullptr;
   double* t_attn = opt.timings ? &opt.timings->attention : nullptr;
   const index_t rows_q = B * Lq, rows_k = B * Lk;

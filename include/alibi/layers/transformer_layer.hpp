@@ -31,10 +31,10 @@ class transformer_layer {
     const index_t E = cfg_.attention.embed_dim;
     if (cfg_.ff_dim == 0) cfg_.ff_dim = 4 * E;
     if (cfg_.ff_dim < 0)
-      ALIBI_THROW(error("alibi::transformer_layer: config.ff_dim must be >= 0, got " +
-                        detail::str(cfg_.ff_dim)));
+      detail::raise(error("alibi::transformer_layer: config.ff_dim must be >= 0, got " +
+                          detail::str(cfg_.ff_dim)));
     if (!(cfg_.norm_eps >= 0.0f))
-      ALIBI_THROW(error("alibi::transformer_layer: config.norm_eps must be >= 0"));
+      detail::raise(error("alibi::transformer_layer: config.norm_eps must be >= 0"));
     const index_t F = cfg_.ff_dim;
     using L = transformer_layer;
     params_.owner = "alibi::transformer_layer";
@@ -92,8 +92,8 @@ class transformer_layer {
     const index_t ldx = detail::row_stride(fn, "x", x, E);
     const index_t ldo = detail::row_stride(fn, "out", out, E);
     if (out.extents[0] != B || out.extents[1] != L)
-      ALIBI_THROW(error(std::string(fn) + ": out must have the shape of x (" + detail::str(B) +
-                        ", " + detail::str(L) + ", " + detail::str(E) + ")"));
+      detail::raise(error(std::string(fn) + ": out must have the shape of x (" + detail::str(B) +
+                          ", " + detail::str(L) + ", " + detail::str(E) + ")"));
     const std::vector<index_t> q_len =
         detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, L);
     double* t_norm = opt.timings ? &opt.timings->norms : nullptr;

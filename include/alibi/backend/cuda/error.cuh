@@ -18,6 +18,10 @@ class cuda_error : public std::runtime_error {
       : std::runtime_error(what + ": " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) +
                            ")"),
         code_(code) {}
+  /// A failure of a CUDA library (cuBLAS) whose status is not a cudaError_t: `what` names
+  /// the step and the library's own status; code() is cudaErrorUnknown.
+  explicit cuda_error(const std::string& what)
+      : std::runtime_error(what), code_(cudaErrorUnknown) {}
   cudaError_t code() const noexcept { return code_; }
 
  private:
@@ -28,7 +32,7 @@ namespace cuda_detail {
 
 /// Turns a CUDA runtime status into alibi::cuda_error naming the step that failed.
 inline void check(cudaError_t code, const char* step) {
-  if (code != cudaSuccess) ALIBI_THROW(cuda_error(code, std::string("alibi (cuda): ") + step));
+  if (code != cudaSuccess) detail::raise(cuda_error(code, std::string("alibi (cuda): ") + step));
 }
 
 }  // namespace cuda_detail

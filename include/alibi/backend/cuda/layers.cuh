@@ -23,11 +23,42 @@
 namespace alibi {
 namespace cuda_detail {
 
+/// The name of a cuBLAS status (cublasGetStatusName needs CUDA 11.4.2; this works with any).
+inline const char* cublas_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
+    default:
+      return "unknown cuBLAS status";
+  }
+}
+
+/// Turns a cuBLAS status into alibi::cuda_error naming the step and the cuBLAS status (its
+/// name and number; cuBLAS statuses are not cudaError_t values, so code() is
+/// cudaErrorUnknown).
 inline void check_cublas(cublasStatus_t s, const char* step) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    ALIBI_THROW(cuda_error(cudaErrorUnknown, std::string("alibi (cuda): ") + step +
-                                                 " failed with cuBLAS status " +
-                                                 std::to_string(static_cast<int>(s))));
+    detail::raise(cuda_error(std::string("alibi (cuda): ") + step +
+                             " failed: " + cublas_status_name(s) + " (cuBLAS status " +
+                             std::to_string(static_cast<int>(s)) + ")"));
 }
 
 /// A cuBLAS handle per (host thread, device): handles must not be shared between threads
@@ -195,7 +226,7 @@ struct layer_ops<backend::cuda> {
                      const activation* act) {
     if (rows == 0 || out == 0) return;
     if (rows > INT32_MAX || in > INT32_MAX || out > INT32_MAX || ldx > INT32_MAX || ldy > INT32_MAX)
-      ALIBI_THROW(
+      detail::raise(
           error("alibi (cuda): a projection's rows, features or row stride exceed the "
                 "32-bit sizes cuBLAS takes"));
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -220,7 +251,7 @@ struct layer_ops<backend::cuda> {
   static void layer_norm(const backend::cuda& be, const T* x, index_t ldx, T* y, index_t ldy,
                          index_t rows, index_t n, const T* gamma, const T* beta, float eps) {
     if (rows == 0 || n == 0) return;
-    if (rows > INT32_MAX) ALIBI_THROW(error("alibi (cuda): layer_norm rows exceed 2^31 - 1"));
+    if (rows > INT32_MAX) detail::raise(error("alibi (cuda): layer_norm rows exceed 2^31 - 1"));
     cuda_detail::layer_norm_kernel<T>
         <<<static_cast<unsigned>(rows), 256, 0, be.stream>>>(x, ldx, y, ldy, n, gamma, beta, eps);
     cuda_detail::check(cudaGetLastError(), "layer_norm kernel launch");

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -24,20 +24,42 @@ inline int resolve_threads(int threads) {
   return hw > 0 ? static_cast<int>(hw) : 1;
 }
 
-/// A process-wide pool of `workers` threads, created on first use and kept: starting threads
-/// per call would cost more than a small attention call itself.
-inline Eigen::ThreadPool& shared_pool(int workers) {
-  static std::mutex mutex;
-  static std::map<int, std::unique_ptr<Eigen::ThreadPool>> pools;
-  std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<Eigen::ThreadPool>& pool = pools[workers];
-  if (!pool) pool = std::make_unique<Eigen::ThreadPool>(workers);
-  return *pool;
+/// The process-wide worker pool: one pool, grown when a call asks for more workers than it
+/// has (starting threads per call would cost more than a small attention call itself, and
+/// one pool per thread count would keep every size ever asked for alive).
+struct pool_registry {
+  std::mutex mutex;
+  std::shared_ptr<Eigen::ThreadPool> pool;
+  static pool_registry& get() {
+    static pool_registry r;
+    return r;
+  }
+};
+
+/// A pool with at least `workers` threads. A pool replaced by a bigger one lives on while a
+/// call still holds it (the shared_ptr), and its threads end when the last holder releases it.
+inline std::shared_ptr<Eigen::ThreadPool> shared_pool(int workers) {
+  pool_registry& r = pool_registry::get();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (!r.pool || r.pool->NumThreads() < workers)
+    r.pool = std::make_shared<Eigen::ThreadPool>(workers);
+  return r.pool;
+}
+
+/// Threads of the current process-wide pool (0 before the first parallel call).
+inline int pool_threads() {
+  pool_registry& r = pool_registry::get();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.pool ? r.pool->NumThreads() : 0;
 }
 
 /// Calls f(item) for item in [0, count) on up to `threads` threads (the caller included).
 /// Which thread runs an item never changes what the item computes, so results do not
-/// depend on the thread count.
+/// depend on the thread count (the pool may have more threads than asked for; only
+/// `threads - 1` of them are given work).
+///
+/// Exceptions: the first exception f throws (on any thread) stops handing out further items;
+/// the call waits for every helper to finish, then rethrows it on the calling thread.
 template <class F>
 void parallel_for(int threads, index_t count, F&& f) {
   const index_t helpers = std::min<index_t>(threads, count) - 1;
@@ -49,8 +71,17 @@ void parallel_for(int threads, index_t count, F&& f) {
     std::atomic<index_t> next{0};
     index_t count;
     F* f;
-    void drain() {
-      for (index_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) (*f)(i);
+    std::mutex error_mutex;
+    std::exception_ptr error;
+    void drain() noexcept {
+      try {
+        for (index_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) (*f)(i);
+      } catch (...) {
+        // Stop the others after their current item: no item starts once next >= count.
+        next.store(count);
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
     }
   } ctx;
   ctx.count = count;
@@ -64,10 +95,23 @@ void parallel_for(int threads, index_t count, F&& f) {
       done->Notify();
     }
   };
-  Eigen::ThreadPool& pool = shared_pool(threads - 1);
-  for (index_t w = 0; w < helpers; ++w) pool.Schedule(task{&ctx, &done});
+  // Held until every helper is done, even if the registry moves on to a bigger pool.
+  const std::shared_ptr<Eigen::ThreadPool> pool = shared_pool(threads - 1);
+  for (index_t w = 0; w < helpers; ++w) {
+    try {
+      pool->Schedule(task{&ctx, &done});
+    } catch (...) {
+      // Could not hand out a helper (out of memory): the ones scheduled finish without
+      // items, the missing ones are counted as done, and the error reaches the caller.
+      ctx.next.store(count);
+      for (index_t m = w; m < helpers; ++m) done.Notify();
+      done.Wait();
+      throw;
+    }
+  }
   ctx.drain();
   done.Wait();
+  if (ctx.error) std::rethrow_exception(ctx.error);
 }
 
 }  // namespace detail
