@@ -86,13 +86,14 @@ status check_view(const char* fn, const char* name, const tensor_view<T, R>& v) 
     if (v.extents[d] < 0)
       return status::failure(std::string(fn) + ": " + name + ".extent(" + str(d) +
                              ") must be >= 0, got " + str(v.extents[d]));
-  if (element_count(v) < 0)
+  const index_t n = element_count(v);
+  if (n < 0)
     return status::failure(std::string(fn) + ": " + name +
                            "'s element count (the product of its extents) must fit in a "
                            "64-bit integer");
-  if (v.size() > 0 && v.data == nullptr)
+  if (n > 0 && v.data == nullptr)
     return status::failure(std::string(fn) + ": " + name + ".data is null but " + name + " has " +
-                           str(v.size()) + " elements");
+                           str(n) + " elements");
   if (max_offset(v) < 0)
     return status::failure(std::string(fn) + ": " + name +
                            "'s extents and strides reach past a 64-bit element offset");
@@ -156,9 +157,10 @@ status check_optional(const char* fn, const char* name, const tensor_view<T, R>&
     bool all_zero = true;
     for (int d = 0; d < R; ++d) all_zero = all_zero && v.extents[d] == 0;
     if (all_zero) return {};
-    if (v.size() != 0)
+    if (const index_t n = element_count(v); n != 0)
       return status::failure(std::string(fn) + ": " + name + ".data is null but " + name + " has " +
-                             str(v.size()) + " elements; leave it default-constructed to omit it");
+                             (n < 0 ? std::string("more than 2^63") : str(n)) +
+                             " elements; leave it default-constructed to omit it");
   }
   for (int d = 0; d < R; ++d)
     if (v.extents[d] != expected[d])

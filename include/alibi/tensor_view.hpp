@@ -26,8 +26,12 @@ struct tensor_view {
   ALIBI_HOST_DEVICE constexpr index_t stride(int d) const { return strides[d]; }
   ALIBI_HOST_DEVICE constexpr bool empty_data() const { return data == nullptr; }
 
-  /// Number of elements (product of extents).
+  /// Number of elements (product of extents). Views the front end accepted have a count
+  /// that fits in int64 (detail::element_count checks it); an extent of 0 gives 0 before
+  /// anything is multiplied, so huge extents beside a zero one never overflow.
   ALIBI_HOST_DEVICE constexpr index_t size() const {
+    for (int d = 0; d < Rank; ++d)
+      if (extents[d] == 0) return 0;
     index_t n = 1;
     for (int d = 0; d < Rank; ++d) n *= extents[d];
     return n;
