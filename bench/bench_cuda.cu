@@ -16,14 +16,46 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include "cuda_timing.cuh"
+
+// The kernel configuration the attention benchmarks use. By default the library's own
+// (alibi::attention). scripts/gpu-check.sh (ALIBI_EXPLORE=1) builds variants of this file
+// with -DALIBI_BENCH_TUNING=<the kernel_tuning arguments>, e.g. -DALIBI_BENCH_TUNING=4,1,2
+// (Warps, MTiles, MinBlocks[, BlockNWide[, QRegsLimit]]): the macro only chooses the
+// explicit kernel_tuning passed to the internal entry point cuda_detail::launch; no library
+// type depends on it.
+#ifdef ALIBI_BENCH_TUNING
+using bench_tuning = alibi::cuda_detail::kernel_tuning<ALIBI_BENCH_TUNING>;
+#else
+using bench_tuning = alibi::cuda_detail::kernel_tuning<>;
+#endif
 
 namespace {
 
 using alibi::index_t;
 using alibi_bench::ok;
 using alibi_bench::time_cuda;
+
+/// alibi::attention with the library's configuration; with another bench_tuning, the same
+/// argument check (detail::prepare) and the internal entry point with that tuning.
+template <class T>
+void run_attention(const alibi::backend::cuda& be, alibi::tensor_view<const T, 4> q,
+                   alibi::tensor_view<const T, 4> k, alibi::tensor_view<const T, 4> v,
+                   alibi::tensor_view<T, 4> out, const alibi::attention_params& params) {
+  if (std::is_same<bench_tuning, alibi::cuda_detail::kernel_tuning<>>::value) {
+    alibi::attention(be, q, k, v, out, params);
+    return;
+  }
+  alibi::detail::attention_problem prob;
+  alibi::detail::attention_tensors<T, T, T> t;
+  alibi::detail::prepare(be, q, k, v, out, params, prob, t).throw_if_failed();
+  alibi::cuda_detail::dispatch_head_dim(prob.head_dim, [&](auto dim) {
+    alibi::cuda_detail::launch<T, decltype(dim)::value, bench_tuning>(prob, t.q, t.k, t.v, t.out,
+                                                                      be.stream);
+  });
+}
 
 /// Deterministic pseudo-random normal-ish values (sum of uniforms), filled on the device.
 template <class T>
@@ -65,7 +97,7 @@ void BM_cuda_attention(benchmark::State& state) {
   params.mask.causal = causal;
   auto view = [&](T* p) { return alibi::make_view(p, B, H, L, D); };
   time_cuda(state, [&] {
-    alibi::attention(alibi::backend::cuda{}, alibi::tensor_view<const T, 4>(view(q.ptr)),
+    run_attention<T>(alibi::backend::cuda{}, alibi::tensor_view<const T, 4>(view(q.ptr)),
                      alibi::tensor_view<const T, 4>(view(k.ptr)),
                      alibi::tensor_view<const T, 4>(view(v.ptr)), view(out.ptr), params);
   });
@@ -83,7 +115,7 @@ void BM_cuda_decode(benchmark::State& state) {
   alibi::attention_params params;
   params.mask.causal = true;
   time_cuda(state, [&] {
-    alibi::attention(alibi::backend::cuda{}, alibi::make_view<const T>(q.ptr, B, Hq, 1, D),
+    run_attention<T>(alibi::backend::cuda{}, alibi::make_view<const T>(q.ptr, B, Hq, 1, D),
                      alibi::make_view<const T>(k.ptr, B, Hkv, Lk, D),
                      alibi::make_view<const T>(v.ptr, B, Hkv, Lk, D),
                      alibi::make_view(out.ptr, B, Hq, 1, D), params);

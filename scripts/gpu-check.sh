@@ -67,13 +67,15 @@ timeout 240 build-gpu/bench/alibi_cuda_bench --benchmark_min_time=0.1 --benchmar
 if [ "${ALIBI_EXPLORE:-0}" = 1 ]; then
   step "kernel configuration variants (key shapes)"
   deps_lib=$prefix/lib/x86_64-linux-gnu
-  variants=("mi1_w4_b2:-DALIBI_CUDA_M_TILES=1 -DALIBI_CUDA_MIN_BLOCKS=2"
-    "mi2_w4_b1_bn64:-DALIBI_CUDA_M_TILES=2 -DALIBI_CUDA_MIN_BLOCKS=1 -DALIBI_CUDA_BLOCK_N_WIDE=64"
-    "mi2_w4_b1_bn32:-DALIBI_CUDA_M_TILES=2 -DALIBI_CUDA_MIN_BLOCKS=1 -DALIBI_CUDA_BLOCK_N_WIDE=32"
-    "mi1_w8_b1:-DALIBI_CUDA_M_TILES=1 -DALIBI_CUDA_WARPS=8 -DALIBI_CUDA_MIN_BLOCKS=1")
+  # name:kernel_tuning arguments (Warps, MTiles, MinBlocks[, BlockNWide[, QRegsLimit]]),
+  # passed by the benchmark to cuda_detail::launch (see ALIBI_BENCH_TUNING in bench_cuda.cu).
+  variants=("mi1_w4_b2:4,1,2"
+    "mi2_w4_b1_bn64:4,2,1,64"
+    "mi2_w4_b1_bn32:4,2,1,32"
+    "mi1_w8_b1:8,1,1")
   for v in "${variants[@]}"; do
     name=${v%%:*}
-    nvcc -O3 -std=c++17 -arch=sm_$arch ${v#*:} -Iinclude -I"$prefix/include" bench/bench_cuda.cu \
+    nvcc -O3 -std=c++17 -arch=sm_$arch -DALIBI_BENCH_TUNING="${v#*:}" -Iinclude -I"$prefix/include" bench/bench_cuda.cu \
       -L"$deps_lib" -l:libbenchmark.so.1.7.1 -lcublas -Xlinker -rpath="$deps_lib" \
       -o "build-gpu/bench_$name" &
   done

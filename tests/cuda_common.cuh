@@ -136,11 +136,12 @@ struct device_case {
 };
 
 /// The sentinel the output buffers start with: exact in float, half and bfloat16.
-constexpr float sentinel = 640.0f;
+inline constexpr float sentinel = 640.0f;
 
-/// Runs the CUDA backend on a case (inputs rounded to T) and compares with the oracle.
-template <class T>
-comparison check_cuda(const case_spec& spec, cudaStream_t stream = nullptr) {
+/// Runs `run(backend, q, k, v, out, params)` (by default alibi::attention) on a case
+/// (inputs rounded to T) and compares with the oracle.
+template <class T, class Run>
+comparison check_cuda_with(const case_spec& spec, cudaStream_t stream, Run&& run) {
   case_data c(spec);
   round_inputs<T>(c);
   const oracle_result ref = run_oracle(c);
@@ -152,8 +153,8 @@ comparison check_cuda(const case_spec& spec, cudaStream_t stream = nullptr) {
   device_buffer<float> lse_d(lse);
   alibi::attention_params p = dc.params;
   p.logsumexp = alibi::make_view(lse_d.ptr, spec.batch, spec.hq, spec.lq);
-  alibi::attention(alibi::backend::cuda{stream}, dc.qv, dc.kv, dc.vv,
-                   rebase<T>(out.view, out.buf.data(), out_d.ptr), p);
+  run(alibi::backend::cuda{stream}, dc.qv, dc.kv, dc.vv,
+      rebase<T>(out.view, out.buf.data(), out_d.ptr), p);
   cuda_ok(cudaStreamSynchronize(stream), "attention");
   const std::vector<T> out_h = out_d.download();
   for (std::size_t i = 0; i < out_h.size(); ++i) out.buf[i] = from_element<T>(out_h[i]);
@@ -161,6 +162,16 @@ comparison check_cuda(const case_spec& spec, cudaStream_t stream = nullptr) {
   comparison r = compare(c, ref, naive, out, lse, element_eps<T>());
   if (lse.back() != sentinel) ++r.guard_writes;
   return r;
+}
+
+/// Runs the CUDA backend through alibi::attention on a case and compares with the oracle.
+template <class T>
+comparison check_cuda(const case_spec& spec, cudaStream_t stream = nullptr) {
+  return check_cuda_with<T>(spec, stream, [](const alibi::backend::cuda& be, const auto& q,
+                                             const auto& k, const auto& v, const auto& out,
+                                             const alibi::attention_params& params) {
+    alibi::attention(be, q, k, v, out, params);
+  });
 }
 
 }  // namespace alibi_test

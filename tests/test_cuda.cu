@@ -208,3 +208,38 @@ TEST_CASE("cuda: unsupported configurations are clear errors", "[cuda]") {
   auto od = alibi::make_view<double>(hd.data(), 1, 1, 4, 64);
   CHECK_FALSE(alibi::can_implement(alibi::backend::cuda{}, qd, qd, qd, od).ok());
 }
+
+TEST_CASE("cuda: an explicit kernel_tuning through the internal entry point", "[cuda]") {
+  // The configuration the GPU benchmark's variants pass to cuda_detail::launch: one warp
+  // row of 16 (m_tiles 1), two resident blocks, 32-key tiles for D = 128. A distinct type,
+  // so these kernels are distinct instantiations beside the default ones.
+  using tuning = alibi::cuda_detail::kernel_tuning<4, 1, 2, 32>;
+  using T = __nv_bfloat16;
+  auto run = [](const alibi::backend::cuda& be, const auto& q, const auto& k, const auto& v,
+                const auto& out, const alibi::attention_params& params) {
+    alibi::detail::attention_problem prob;
+    alibi::detail::attention_tensors<T, T, T> t;
+    alibi::detail::prepare(be, q, k, v, out, params, prob, t).throw_if_failed();
+    REQUIRE(prob.head_dim == 128);
+    alibi::cuda_detail::launch<T, 128, tuning>(prob, t.q, t.k, t.v, t.out, be.stream);
+  };
+  int checked = 0;
+  for (case_spec spec : alibi_test::grid_cases()) {
+    if (spec.d != 128 || spec.v_dim() != 128) continue;
+    spec.aligned = true;
+    INFO(spec.name());
+    const comparison r = alibi_test::check_cuda_with<T>(spec, nullptr, run);
+    INFO(r.describe());
+    CHECK(r.ok());
+    ++checked;
+  }
+  for (case_spec spec : decode_cases()) {
+    if (spec.d != 128) continue;
+    INFO(spec.name());
+    const comparison r = alibi_test::check_cuda_with<T>(spec, nullptr, run);
+    INFO(r.describe());
+    CHECK(r.ok());
+    ++checked;
+  }
+  CHECK(checked > 2);
+}

@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: MIT
 // The host/device tile arithmetic of the CUDA kernel, run on the CPU: per-tile distances
-// and allowed columns against alibi_bias and key_range, the base-2 online softmax against
-// a direct softmax, and the tensor-core fragment layouts against an emulation of ldmatrix
-// and mma.sync built from the PTX fragment definitions.
+// and allowed columns against alibi_bias and key_range, the shared base-2 online softmax
+// state (alibi/detail/online_softmax.hpp) as the kernels use it (tiles, key-warp and split
+// merges, masked and NaN rows) against a direct softmax, and the tensor-core fragment
+// layouts against an emulation of ldmatrix and mma.sync built from the PTX fragment
+// definitions.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
 
-#include <alibi/detail/mma_layout.hpp>
-#include <alibi/detail/tile_rows.hpp>
+#include <alibi/backend/cuda/mma_layout.hpp>
+#include <alibi/detail/score_tile.hpp>
 #include <catch2/catch.hpp>
 
 using alibi::index_t;
@@ -91,50 +94,204 @@ TEST_CASE("padded rows get no keys", "[tile_rows]") {
   CHECK(tf.end == tf.begin);
 }
 
+namespace {
+
+const float neg_inf = -std::numeric_limits<float>::infinity();
+const float nan_f = std::numeric_limits<float>::quiet_NaN();
+
+/// One row through the CUDA kernel's per-tile online softmax, as the kernel does it: the
+/// tile maximum with fmax (which ignores NaN), the state's step, P = 2^(s - ref), the tile
+/// sum added to the state, and an output accumulator (v_j = j) rescaled by the factor.
+struct row_result {
+  ad::softmax_state st;
+  float acc = 0.0f;  // unnormalized sum of p_j * j
+};
+
+row_result tiled_row(const std::vector<float>& x, std::size_t begin, std::size_t end,
+                     std::size_t tile) {
+  row_result r;
+  for (std::size_t t0 = begin; t0 < end; t0 += tile) {
+    const std::size_t t1 = std::min(end, t0 + tile);
+    float mx = neg_inf;
+    for (std::size_t j = t0; j < t1; ++j) mx = std::fmax(mx, x[j]);
+    const ad::softmax_step step = r.st.rescale(mx);
+    REQUIRE(!std::isnan(step.factor));
+    r.acc *= step.factor;
+    float sum = 0.0f;
+    for (std::size_t j = t0; j < t1; ++j) {
+      const float p = ad::exp2_flush(x[j] - step.ref);
+      sum += p;
+      r.acc += p * static_cast<float>(j);
+    }
+    r.st.add(step, sum);
+  }
+  return r;
+}
+
+/// The direct softmax in double precision over x[begin, end): the weighted mean of j and
+/// the base-2 logsumexp.
+struct direct_result {
+  double mean = 0, lse2 = -std::numeric_limits<double>::infinity();
+};
+
+direct_result direct_row(const std::vector<float>& x, std::size_t begin, std::size_t end) {
+  double dm = -std::numeric_limits<double>::infinity(), dl = 0, dacc = 0;
+  for (std::size_t j = begin; j < end; ++j) dm = std::max(dm, static_cast<double>(x[j]));
+  direct_result d;
+  if (dm == -std::numeric_limits<double>::infinity()) return d;
+  for (std::size_t j = begin; j < end; ++j) {
+    const double p = std::exp2(static_cast<double>(x[j]) - dm);
+    dl += p;
+    dacc += p * static_cast<double>(j);
+  }
+  d.mean = dacc / dl;
+  d.lse2 = dm + std::log2(dl);
+  return d;
+}
+
+bool close(double got, double want, double rel) {
+  return std::abs(got - want) <= rel * std::max(1.0, std::abs(want));
+}
+
+}  // namespace
+
 TEST_CASE("base-2 online softmax over tiles equals the direct softmax", "[tile_rows]") {
   std::mt19937 rng(3);
   std::normal_distribution<float> randn(0.0f, 4.0f);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int trial = 0; trial < 50; ++trial) {
     std::vector<float> x(200);
     for (float& s : x) s = randn(rng);
     for (int j = 0; j < 64; ++j) x[static_cast<std::size_t>(j)] = neg_inf;  // first tile masked
-    float m = neg_inf, l = 0.0f, acc = 0.0f;
-    for (std::size_t t0 = 0; t0 < x.size(); t0 += 64) {
-      float mx = neg_inf;
-      for (std::size_t j = t0; j < std::min(x.size(), t0 + 64); ++j) mx = std::fmax(mx, x[j]);
-      const ad::online_step st = ad::online_update(m, mx);
-      REQUIRE(std::isfinite(st.factor));
-      m = st.m;
-      l *= st.factor;
-      acc *= st.factor;
-      for (std::size_t j = t0; j < std::min(x.size(), t0 + 64); ++j) {
-        const float p = ad::fast_exp2(x[j] - st.ref);
-        l += p;
-        acc += p * static_cast<float>(j);  // v_j = j
-      }
-    }
-    double dm = -1e300, dl = 0, dacc = 0;
-    for (float s : x) dm = std::max(dm, static_cast<double>(s));
-    for (std::size_t j = 0; j < x.size(); ++j) {
-      const double p = std::exp2(static_cast<double>(x[j]) - dm);
-      dl += p;
-      dacc += p * static_cast<double>(j);
-    }
-    CHECK(std::abs(acc / l - dacc / dl) <= 1e-4 * (dacc / dl));
-    ad::row_frame f;
-    f.slope = 0.5f;
-    f.shift = 10;
-    const double want = (dm + std::log2(dl)) * std::log(2.0) - 5.0;
-    CHECK(std::abs(ad::finish_lse_l2(m, l, f) - want) <= 1e-5 * std::max(1.0, std::abs(want)));
+    for (int j = 130; j < 140; ++j) x[static_cast<std::size_t>(j)] = neg_inf;  // partly masked
+    const row_result r = tiled_row(x, 0, x.size(), 64);
+    const direct_result d = direct_row(x, 0, x.size());
+    CHECK(close(r.acc * r.st.inverse_sum(), d.mean, 1e-4));
+    CHECK(close(r.st.lse2(), d.lse2, 1e-5));
+    // The natural-log logsumexp with the distance shift added back (slope 0.5, shift 10).
+    const double want = d.lse2 * std::log(2.0) - 5.0;
+    CHECK(close(r.st.lse(-0.5f * 10.0f), want, 1e-5));
   }
-  ad::row_frame f;
-  CHECK(ad::finish_lse_l2(neg_inf, 0.0f, f) == neg_inf);
-  CHECK(std::isnan(ad::finish_lse_l2(1.0f, std::numeric_limits<float>::quiet_NaN(), f)));
-  // Nothing seen yet and an all-masked tile: no NaN, factor 0.
-  const ad::online_step st = ad::online_update(neg_inf, neg_inf);
-  CHECK(st.ref == 0.0f);
-  CHECK(st.factor == 0.0f);
+  // Nothing seen yet and an all-masked tile: no NaN, factor 0, reference 0.
+  ad::softmax_state st;
+  const ad::softmax_step step = st.rescale(neg_inf);
+  CHECK(step.ref == 0.0f);
+  CHECK(step.factor == 0.0f);
+  CHECK(st.m == neg_inf);
+}
+
+TEST_CASE("merging the states of two key halves equals the whole row", "[tile_rows]") {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> randn(0.0f, 6.0f);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<float> x(300);
+    for (float& s : x) s = randn(rng);
+    // Some trials mask a whole half (a key warp or split without keys).
+    if (trial % 5 == 1)
+      for (std::size_t j = 0; j < 128; ++j) x[j] = neg_inf;
+    if (trial % 5 == 2)
+      for (std::size_t j = 128; j < 300; ++j) x[j] = neg_inf;
+    const std::size_t half = 128;
+    const row_result a = tiled_row(x, 0, half, 64), b = tiled_row(x, half, x.size(), 64);
+    const direct_result d = direct_row(x, 0, x.size());
+    // The decoding warps' merge: unnormalized outputs weighted by wa, wb.
+    const ad::softmax_merge mg = ad::merge_states(a.st, b.st);
+    const float acc = a.acc * mg.wa + b.acc * mg.wb;
+    CHECK(close(acc * mg.state.inverse_sum(), d.mean, 1e-4));
+    CHECK(close(mg.state.lse2(), d.lse2, 1e-5));
+    // The split-KV merge: normalized partial outputs with their base-2 logsumexps, rebuilt
+    // as states (m = lse2, l = 1) and merged in order from the empty state; splits with no
+    // weight are skipped.
+    ad::softmax_state st;
+    float out = 0.0f;
+    for (const row_result* part : {&a, &b}) {
+      const ad::softmax_state ps = ad::state_from_lse2(part->st.lse2());
+      const float o = part->acc * part->st.inverse_sum();
+      const ad::softmax_merge m = ad::merge_states(st, ps);
+      out = (m.wa != 0.0f ? out * m.wa : 0.0f) + (m.wb != 0.0f ? m.wb * o : 0.0f);
+      st = m.state;
+    }
+    CHECK(close(out * st.inverse_sum(), d.mean, 1e-4));
+    CHECK(close(st.lse2(), d.lse2, 1e-5));
+  }
+}
+
+TEST_CASE("logsumexp round trips through from_lse and state_from_lse2", "[tile_rows]") {
+  for (float lse : {-30.5f, -1.0f, 0.0f, 0.25f, 7.0f, 1000.0f}) {
+    const ad::softmax_state s = ad::softmax_state::from_lse(lse);
+    CHECK(s.l == 1.0f);
+    CHECK(close(s.lse(), lse, 1e-6));
+    const ad::softmax_state s2 = ad::state_from_lse2(lse);
+    CHECK(s2.m == lse);  // exact: no round trip through the natural log
+    CHECK(s2.l == 1.0f);
+    CHECK(s2.lse2() == lse);
+  }
+  for (const ad::softmax_state& s :
+       {ad::softmax_state::from_lse(neg_inf), ad::state_from_lse2(neg_inf)}) {
+    CHECK(s.m == neg_inf);
+    CHECK(s.l == 0.0f);
+    CHECK(s.lse() == neg_inf);
+  }
+  CHECK(std::isnan(ad::state_from_lse2(nan_f).lse2()));
+  CHECK(std::isnan(ad::softmax_state::from_lse(nan_f).lse()));
+}
+
+TEST_CASE("fully masked rows give output 0 and logsumexp -inf", "[tile_rows]") {
+  std::vector<float> x(150, neg_inf);
+  const row_result r = tiled_row(x, 0, x.size(), 64);
+  CHECK(r.st.m == neg_inf);
+  CHECK(r.st.l == 0.0f);
+  CHECK(r.acc == 0.0f);
+  CHECK(r.st.inverse_sum() == 0.0f);
+  CHECK(r.acc * r.st.inverse_sum() == 0.0f);
+  CHECK(r.st.lse2() == neg_inf);
+  CHECK(r.st.lse(-3.0f) == neg_inf);
+  // Padded rows: no tiles at all.
+  const row_result empty = tiled_row(x, 0, 0, 64);
+  CHECK(empty.st.inverse_sum() == 0.0f);
+  CHECK(empty.st.lse(1.0f) == neg_inf);
+  // Merging empty states (key warps or splits without keys) stays empty, weights 0.
+  const ad::softmax_merge mg = ad::merge_states(r.st, empty.st);
+  CHECK(mg.wa == 0.0f);
+  CHECK(mg.wb == 0.0f);
+  CHECK(mg.state.l == 0.0f);
+  CHECK(mg.state.lse() == neg_inf);
+}
+
+TEST_CASE("a NaN score makes its row NaN on every path", "[tile_rows]") {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> randn(0.0f, 2.0f);
+  std::vector<float> x(150);
+  for (float& s : x) s = randn(rng);
+  x[100] = nan_f;
+  // Tiled: fmax ignores the NaN in the tile maximum; it reaches the sum through 2^(NaN - ref).
+  const row_result r = tiled_row(x, 0, x.size(), 64);
+  CHECK(!std::isnan(r.st.m));
+  CHECK(std::isnan(r.st.l));
+  CHECK(std::isnan(r.st.inverse_sum()));
+  CHECK(std::isnan(r.acc * r.st.inverse_sum()));
+  CHECK(std::isnan(r.st.lse2()));
+  CHECK(std::isnan(r.st.lse(-1.0f)));
+  // Also when every other score is masked (m stays -inf).
+  std::vector<float> masked(64, neg_inf);
+  masked[5] = nan_f;
+  const row_result rm = tiled_row(masked, 0, masked.size(), 64);
+  CHECK(std::isnan(rm.st.l));
+  CHECK(std::isnan(rm.st.lse2()));
+  // The careful path: one key at a time, the state keeps the NaN maximum.
+  ad::softmax_state st;
+  for (float s : x) {
+    const ad::softmax_step step = st.rescale(s);
+    st.add(step, ad::exp2_flush(s - step.ref));
+  }
+  CHECK(std::isnan(st.m));
+  CHECK(std::isnan(st.inverse_sum()));
+  CHECK(std::isnan(st.lse()));
+  // Merges: a NaN side makes the merged state NaN, in either order.
+  const row_result ok = tiled_row(x, 0, 64, 64);
+  for (const auto& mg : {ad::merge_states(ok.st, r.st), ad::merge_states(r.st, ok.st),
+                         ad::merge_states(ad::state_from_lse2(nan_f), ok.st),
+                         ad::merge_states(ok.st, ad::state_from_lse2(nan_f))})
+    CHECK(std::isnan(mg.state.lse2()));
 }
 
 namespace {

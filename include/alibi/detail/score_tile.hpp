@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: MIT
 // The per-row and per-tile arithmetic of the tiled kernels, as host/device functions: which
-// keys a row may see, its ALiBi distances relative to a key tile in floats, the online
-// softmax step in base 2 and the row's final logsumexp. The CUDA kernels run them on the
-// device; the unit tests run the same functions on the CPU against alibi_bias and the
-// problem's own key_range.
+// keys a row may see, and its ALiBi distances relative to a key tile in floats (the bias
+// and mask math of every tile). The online softmax itself is the shared state of
+// alibi/detail/online_softmax.hpp. The CUDA kernels run these functions on the device; the
+// unit tests run the same functions on the CPU against alibi_bias and the problem's own
+// key_range.
 #pragma once
 
 #include <cmath>
-#include <limits>
+#include <cstdint>
 
 #include "alibi/problem.hpp"
 #include "alibi/config.hpp"
@@ -15,21 +16,6 @@
 
 namespace alibi {
 namespace detail {
-
-constexpr float log2e_f = 1.44269504088896341f;
-constexpr float ln2_f = 0.693147180559945309f;
-
-/// 2^x. On the device the hardware approximation (ex2.approx, about 2 ulp); on the host the
-/// library function. 2^-inf = 0 and NaN propagates on both.
-ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float fast_exp2(float x) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return std::exp2(x);
-#endif
-}
 
 /// Everything a kernel needs about one query row, resolved once per row from the problem.
 struct row_frame {
@@ -128,38 +114,20 @@ ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float score_l2(float dot, float scale_l2, fl
   return fmaf(dot, scale_l2, neg_slope_l2 * distance);
 }
 
-/// One online-softmax step of a row: the new running maximum after a tile whose largest
-/// score is tile_max, the reference the tile's exponentials are taken against, and the
-/// factor that rescales what was accumulated before. Why `ref`: while every score seen is
-/// masked the maximum is -inf, and exp2(-inf - -inf) would be NaN; against 0 the masked
-/// scores give exactly 0. fmaxf ignores NaN scores; they reach the output through
-/// exp2(NaN - ref) instead. The factor is exactly 0 when nothing was accumulated.
-struct online_step {
-  float m = 0.0f, ref = 0.0f, factor = 0.0f;
-};
-
-ALIBI_HOST_DEVICE ALIBI_FORCEINLINE online_step online_update(float m_old, float tile_max) {
-  online_step s;
-  s.m = fmaxf(m_old, tile_max);
-  s.ref = s.m == neg_inf_f() ? 0.0f : s.m;
-  s.factor = fast_exp2(m_old - s.ref);
+/// The softmax state of a finished partial result whose base-2 logsumexp (distance shift
+/// not added back) is `lse2`, its output already normalized: m = lse2, l = 1. -inf (no
+/// keys) gives the empty state, NaN the NaN state. The split-KV partial results are stored
+/// this way: base 2 keeps the merge free of a round trip through the natural log (compare
+/// softmax_state::from_lse, which takes the contract's natural-log logsumexp).
+ALIBI_HOST_DEVICE ALIBI_FORCEINLINE softmax_state state_from_lse2(float lse2) {
+  softmax_state s;
+  if (lse2 != lse2) {
+    s.m = s.l = nan_f();
+  } else if (lse2 != neg_inf_f()) {
+    s.m = lse2;
+    s.l = 1.0f;
+  }
   return s;
-}
-
-/// The natural-log logsumexp of a finished row from its base-2 maximum m and sum l
-/// (relative to m): -inf for a row with no keys, NaN when l is NaN. The distance shift is
-/// added back here: every score was computed with distance - shift, i.e. +slope * shift.
-ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float finish_lse_l2(float m, float l, const row_frame& f) {
-  if (l != l) return l;
-  if (!(l > 0.0f)) return neg_inf_f();
-  return (m + log2f(l)) * ln2_f - f.slope * static_cast<float>(f.shift);
-}
-
-/// Merges a row's partial results over disjoint key chunks: each chunk s has the base-2
-/// logsumexp lse_s (shift not added back) and its normalized output o_s. Returns the
-/// weight of chunk s, exp2(lse_s - max) / sum, given max and sum = sum_s exp2(lse_s - max).
-ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float merge_weight(float lse_s, float max_lse, float sum) {
-  return lse_s == neg_inf_f() ? 0.0f : fast_exp2(lse_s - max_lse) / sum;
 }
 
 }  // namespace detail

@@ -20,7 +20,7 @@ namespace alibi {
 namespace cuda_detail {
 
 template <class T>
-constexpr bool supported_element =
+inline constexpr bool supported_element =
     std::is_same<T, float>::value || std::is_same<T, __half>::value ||
     std::is_same<T, __nv_bfloat16>::value;
 
@@ -203,7 +203,7 @@ void launch_instance(const attention_problem& p, tensor_view<const T, 4> q,
   cudaError_t launched = cudaGetLastError();
   if (launched == cudaSuccess && pt.splits > 1) {
     const index_t rows = p.batch * p.q_heads * p.q_len;
-    merge_kernel<T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a);
+    merge_kernel<T, Tr::head_dim><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a);
     launched = cudaGetLastError();
   }
   if (workspace) {
@@ -215,16 +215,19 @@ void launch_instance(const attention_problem& p, tensor_view<const T, 4> q,
 
 /// Picks the kernel instance: the decoding one when every row of a (batch, kv head) fits
 /// one 16-row tile (q_len x group <= 16) and tensor cores are used, the general one else.
-template <class T, int D>
+/// The internal entry point: `p` is a checked problem (detail::prepare) with head_dim D.
+/// `Tuning` (a kernel_tuning) names the kernel configuration; the library's backend uses
+/// the default, the GPU benchmark may pass others to compare them.
+template <class T, int D, class Tuning = kernel_tuning<>>
 void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
             tensor_view<const T, 4> v, tensor_view<T, 4> out, cudaStream_t stream) {
   if constexpr (!std::is_same<T, float>::value) {
     if (p.q_len * p.group_size() <= 16) {
-      launch_instance<kernel_traits<T, D, true>>(p, q, k, v, out, stream);
+      launch_instance<kernel_traits<T, D, true, Tuning>>(p, q, k, v, out, stream);
       return;
     }
   }
-  launch_instance<kernel_traits<T, D>>(p, q, k, v, out, stream);
+  launch_instance<kernel_traits<T, D, false, Tuning>>(p, q, k, v, out, stream);
 }
 
 }  // namespace cuda_detail

@@ -4,8 +4,15 @@
 // every query head of that kv head's group, interleaved (packed row r = query i * group +
 // head g), so that each K/V tile staged in shared memory serves the whole GQA group. Key
 // tiles are visited from the last (nearest to the queries) to the first.
+//
+// The kernel body is a sequence of named steps (device functions below): stage a K/V tile,
+// S = Q K^T (compute_scores), the ALiBi bias and the masks (bias_and_masks, built on
+// apply_bias_and_masks), the online softmax of the tile (softmax_tile, one
+// detail::softmax_state per row), O += P V (accumulate_pv), and the epilogue (finish_rows:
+// quad sums, the decoding warps' merge, normalization, the careful path).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -13,30 +20,42 @@
 #include "alibi/attention.hpp"
 #include "alibi/backend/cuda/primitives.cuh"
 #include "alibi/backend/cuda/mma_layout.hpp"
+#include "alibi/detail/online_softmax.hpp"
 #include "alibi/detail/score_tile.hpp"
-
-// Tuning knobs of the kernel configuration (defaults measured on an H200; see the README).
-#ifndef ALIBI_CUDA_WARPS
-#define ALIBI_CUDA_WARPS 4
-#endif
-#ifndef ALIBI_CUDA_M_TILES
-#define ALIBI_CUDA_M_TILES 2
-#endif
-#ifndef ALIBI_CUDA_MIN_BLOCKS
-#define ALIBI_CUDA_MIN_BLOCKS 1
-#endif
-#ifndef ALIBI_CUDA_BLOCK_N_WIDE
-#define ALIBI_CUDA_BLOCK_N_WIDE 64
-#endif
-#ifndef ALIBI_CUDA_Q_REGS_LIMIT
-#define ALIBI_CUDA_Q_REGS_LIMIT 128
-#endif
 
 namespace alibi {
 namespace cuda_detail {
 
 using detail::attention_problem;
 using detail::row_frame;
+using detail::softmax_state;
+
+/// The tunable part of the kernel configuration (defaults measured on an H200; see the
+/// README). A type rather than macros: it is part of kernel_traits, so the kernel of every
+/// tuning is a distinct instantiation, and translation units that use different tunings
+/// never hold two definitions of one type or kernel (no ODR violation). The library's
+/// backend always uses kernel_tuning<>; the GPU benchmark passes others to the internal
+/// entry point launch<T, D, Tuning> to compare configurations.
+///  - Warps: warps per block of the general instance.
+///  - MTiles: 16-row m tiles per warp (tensor-core general instance).
+///  - MinBlocks: resident blocks per SM asked of the compiler (__launch_bounds__).
+///  - BlockNWide: keys per tile for head dims above 64 (tensor-core general instance).
+///  - QRegsLimit: Q fragments stay in registers when m_tiles * head_dim <= QRegsLimit.
+/// The decoding instance has its own fixed configuration (only QRegsLimit applies to it).
+template <int Warps = 4, int MTiles = 2, int MinBlocks = 1, int BlockNWide = 64,
+          int QRegsLimit = 128>
+struct kernel_tuning {
+  static_assert(Warps >= 1 && Warps <= 32, "kernel_tuning: 1..32 warps per block");
+  static_assert(MTiles >= 1, "kernel_tuning: at least one m tile per warp");
+  static_assert(MinBlocks >= 1, "kernel_tuning: at least one resident block");
+  static_assert(BlockNWide >= 16 && BlockNWide % 16 == 0,
+                "kernel_tuning: BlockNWide is a positive multiple of 16");
+  static constexpr int warps = Warps;
+  static constexpr int m_tiles = MTiles;
+  static constexpr int min_blocks = MinBlocks;
+  static constexpr int block_n_wide = BlockNWide;
+  static constexpr int q_regs_limit = QRegsLimit;
+};
 
 /// The compile-time configuration of one kernel instance. half/bfloat16 use tensor cores
 /// (mma.sync m16n8k16, fp32 accumulation); float uses FMA with the same per-thread
@@ -45,34 +64,37 @@ using detail::row_frame;
 /// warps of a block split each key tile between them instead of the rows, and merge their
 /// partial softmax states at the end; otherwise one warp computing for a single row would
 /// set the pace of the whole block. Tensor-core types only.
-template <class T, int D, bool Decode = false>
+/// `Tuning`: a kernel_tuning.
+template <class T, int D, bool Decode = false, class Tuning = kernel_tuning<>>
 struct kernel_traits {
   static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dims 32, 64, 96, 128");
   using element = T;
+  using tuning = Tuning;
   static constexpr bool tensor_cores = !std::is_same<T, float>::value;
   static_assert(!Decode || tensor_cores, "the decoding instance uses tensor cores");
   static constexpr int head_dim = D;
-  static constexpr int warps = Decode ? 4 : ALIBI_CUDA_WARPS;
+  static constexpr int warps = Decode ? 4 : Tuning::warps;
   static constexpr int threads = 32 * warps;
-  static constexpr int min_blocks = Decode ? 2 : ALIBI_CUDA_MIN_BLOCKS;  // resident blocks per SM
+  static constexpr int min_blocks = Decode ? 2 : Tuning::min_blocks;  // resident blocks per SM
   static constexpr int key_warps = Decode ? warps : 1;  // warps sharing the same rows
   // 16-row m tiles per warp: two let every K/V fragment loaded from shared memory feed two
   // tensor-core products (half the shared-memory traffic per flop), at the cost of twice
   // the accumulator registers.
-  static constexpr int m_tiles = tensor_cores && !Decode ? ALIBI_CUDA_M_TILES : 1;
+  static constexpr int m_tiles = tensor_cores && !Decode ? Tuning::m_tiles : 1;
   static constexpr int warp_rows = 16 * m_tiles;
+  static constexpr int rows_per_thread = 2 * m_tiles;  // m tile mi: rows lane/4 and lane/4 + 8
   static constexpr int block_m = warp_rows * (warps / key_warps);  // packed query rows per block
   // Keys per tile: as many as the registers allow (the S tile is block_n / 8 accumulator
   // tiles per m tile), fewer for fp32 whose products come from shared memory.
   static constexpr int block_n =
       Decode         ? 128
-      : tensor_cores ? (D <= 64 ? (m_tiles == 1 ? 128 : 64) : ALIBI_CUDA_BLOCK_N_WIDE)
+      : tensor_cores ? (D <= 64 ? (m_tiles == 1 ? 128 : 64) : Tuning::block_n_wide)
                      : 32;
   static constexpr int warp_keys = block_n / key_warps;  // keys of a tile per warp
   static constexpr int n_tiles = warp_keys / 8;          // 16x8 accumulator tiles of S per m tile
   static constexpr int d_tiles = D / 8;                  // 16x8 accumulator tiles of O per m tile
   // Q fragments stay in registers when they fit beside the accumulators.
-  static constexpr bool q_in_regs = tensor_cores && m_tiles * D <= ALIBI_CUDA_Q_REGS_LIMIT;
+  static constexpr bool q_in_regs = tensor_cores && m_tiles * D <= Tuning::q_regs_limit;
   static constexpr int vec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte copy
   // Shared-memory rows are padded by 16 bytes: the 8 rows an ldmatrix (or a 16-byte
   // load pass) touches then start in 8 different bank groups, without conflicts.
@@ -84,6 +106,24 @@ struct kernel_traits {
       sizeof(T) * static_cast<std::size_t>((block_m + 4 * block_n) * ld) +
       sizeof(float) * 2 * block_n + (tensor_cores ? 0 : sizeof(float) * block_m * p_ld);
 };
+
+/// A warp's register tiles: the S accumulators (acc_s[mi][n][e] is row 16 mi +
+/// acc_element(lane, e).row, key column 8 n + acc_element(lane, e).col of the warp's keys),
+/// the O accumulators (the same with head-dim columns), the Q fragments kept in registers
+/// (a dummy when Tr::q_in_regs is false), and the per-row state.
+template <class Tr>
+using score_acc = float[Tr::m_tiles][Tr::n_tiles][4];
+template <class Tr>
+using out_acc = float[Tr::m_tiles][Tr::d_tiles][4];
+template <class Tr>
+using q_fragments = std::uint32_t[Tr::q_in_regs ? Tr::m_tiles : 1]
+                                 [Tr::q_in_regs ? Tr::head_dim / 16 : 1][4];
+template <class Tr>
+using row_states = softmax_state[Tr::rows_per_thread];
+template <class Tr>
+using row_frames = detail::row_frame32[Tr::rows_per_thread];
+template <class Tr>
+using row_values = float[Tr::rows_per_thread];
 
 /// The kernel's arguments (trivially copyable).
 template <class T>
@@ -135,15 +175,14 @@ __device__ __forceinline__ void stage_rows(typename Tr::element* dst, int rows, 
 /// tiled result is not finite: P V with tensor cores multiplies masked probabilities (exact
 /// zeros) by every V row of the tile, so a NaN/Inf in a V row that only other rows attend
 /// to would otherwise reach this row as 0 * NaN. Writes the row's (normalized) output and
-/// its base-2 maximum and sum.
+/// its softmax state (base 2; a NaN score makes the state NaN).
 template <class T, int D>
 __device__ void careful_row(const fwd_args<T>& a, index_t b, index_t h, index_t i,
                             const row_frame& f, index_t j_lo, index_t j_hi, float (&o)[D / 32],
-                            float& m_out, float& l_out) {
+                            softmax_state& st) {
   const attention_problem& p = a.p;
   const int lane = threadIdx.x % 32;
   const index_t hk = p.kv_head(h);
-  const float neg_inf = detail::neg_inf_f();
   const index_t j_begin = f.begin > j_lo ? f.begin : j_lo, j_end = f.end < j_hi ? f.end : j_hi;
   float qv[D / 32];
 #pragma unroll
@@ -153,7 +192,7 @@ __device__ void careful_row(const fwd_args<T>& a, index_t b, index_t h, index_t 
     o[u] = 0.0f;
   }
   const float scale_l2 = p.scale * detail::log2e_f, neg_slope_l2 = -f.slope * detail::log2e_f;
-  float m = neg_inf, l = 0.0f;
+  st = softmax_state{};
   for (index_t j = j_begin; j < j_end; ++j) {
     if (p.key_excluded(b, j)) continue;
     float dot = 0.0f;
@@ -163,23 +202,24 @@ __device__ void careful_row(const fwd_args<T>& a, index_t b, index_t h, index_t 
     for (int s = 16; s >= 1; s /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, s);
     const index_t dist = (f.t0 >= j ? f.t0 - j : j - f.t0) - f.shift;
     const float x = detail::score_l2(dot, scale_l2, neg_slope_l2, static_cast<float>(dist));
-    const float m_new = (x > m || x != x) ? x : m;  // NaN stays
-    const float ref = m_new == neg_inf ? 0.0f : m_new;
-    const float factor = detail::fast_exp2(m - ref), pj = detail::fast_exp2(x - ref);
-    l = l * factor + pj;
+    // The state keeps a NaN score (max_keep_nan), so a NaN row stays NaN.
+    const detail::softmax_step step = st.rescale(x);
+    const float pj = detail::exp2_flush(x - step.ref);
+    st.add(step, pj);
 #pragma unroll
     for (int u = 0; u < D / 32; ++u)
-      o[u] = o[u] * factor +
+      o[u] = o[u] * step.factor +
              (pj != 0.0f ? pj * elem<T>::to_float(a.v(b, hk, j, lane + 32 * u)) : 0.0f);
-    m = m_new;
   }
+  // Divided (not multiplied by inverse_sum()): this path favours exactness over speed. A
+  // row with no keys gives 0, a NaN row NaN.
 #pragma unroll
-  for (int u = 0; u < D / 32; ++u) o[u] = l > 0.0f ? o[u] / l : (l != l ? l : 0.0f);
-  m_out = m;
-  l_out = l;
+  for (int u = 0; u < D / 32; ++u)
+    o[u] = st.l > 0.0f ? o[u] / st.l : (st.l != st.l ? st.l : 0.0f);
 }
 
-/// Writes one row's result: the final output and logsumexp, or the split's partial result.
+/// Writes one row's result: the final output and logsumexp, or the split's partial result
+/// (normalized output, base-2 logsumexp without the distance shift: see state_from_lse2).
 template <class T>
 struct row_writer {
   const fwd_args<T>& a;
@@ -192,27 +232,479 @@ struct row_writer {
     else
       a.out(b, h, i, d) = elem<T>::from_float(x);
   }
-  __device__ __forceinline__ void stats(index_t h, index_t i, float m, float l,
+  __device__ __forceinline__ void stats(index_t h, index_t i, const softmax_state& st,
                                         const row_frame& f) const {
     if (a.part_lse) {
-      a.part_lse[((split * a.p.batch + b) * a.p.q_heads + h) * a.p.q_len + i] =
-          l != l     ? l
-          : l > 0.0f ? m + log2f(l)
-                     : detail::neg_inf_f();
+      a.part_lse[((split * a.p.batch + b) * a.p.q_heads + h) * a.p.q_len + i] = st.lse2();
     } else if (a.p.lse.data) {
-      a.p.lse(b, h, i) = detail::finish_lse_l2(m, l, f);
+      // The scores were computed with the distance shift removed (+slope * shift).
+      a.p.lse(b, h, i) = st.lse(-f.slope * static_cast<float>(f.shift));
     }
   }
 };
+
+/// The packed rows of one warp: slot s of the threads whose lane / 4 is g holds packed row
+/// row(s, g) = row 16 (s / 2) + g + 8 (s % 2) of the warp's rows, i.e. query row
+/// query(r) = r / group of head head(r) = kv_head * group + r % group.
+struct warp_row_map {
+  index_t first = 0;        // the warp's first packed row
+  index_t packed_rows = 0;  // q_len * group
+  index_t group = 1, kv_head = 0;
+
+  __device__ __forceinline__ index_t row(int s, int g) const {
+    return first + 16 * (s / 2) + g + 8 * (s % 2);
+  }
+  __device__ __forceinline__ index_t query(index_t r) const { return r / group; }
+  __device__ __forceinline__ index_t head(index_t r) const { return kv_head * group + r % group; }
+};
+
+/// Loads this warp's Q fragments from shared memory into registers (Tr::q_in_regs).
+template <class Tr>
+__device__ __forceinline__ void load_q_fragments(q_fragments<Tr>& q_frag,
+                                                 const typename Tr::element* s_qw, int lane) {
+  constexpr int LD = Tr::ld;
+  const detail::lane_offset qo = detail::ldsm_a(lane);
+#pragma unroll
+  for (int mi = 0; mi < Tr::m_tiles; ++mi)
+#pragma unroll
+    for (int ks = 0; ks < Tr::head_dim / 16; ++ks)
+      ldmatrix_x4(q_frag[mi][ks], s_qw + (16 * mi + qo.row) * LD + ks * 16 + qo.col);
+}
+
+/// S += Q K^T on tensor cores for the warp's rows (Q at s_qw) and its keys koff.. of the
+/// tile at s_k.
+template <class Tr>
+__device__ __forceinline__ void qk_tensor_cores(score_acc<Tr>& acc_s,
+                                                const typename Tr::element* s_qw,
+                                                const typename Tr::element* s_k,
+                                                const q_fragments<Tr>& q_frag, int koff,
+                                                int lane) {
+  using T = typename Tr::element;
+  constexpr int D = Tr::head_dim, LD = Tr::ld, MI = Tr::m_tiles, NT = Tr::n_tiles;
+  const detail::lane_offset qo = detail::ldsm_a(lane);
+  const detail::lane_offset ko = detail::ldsm_b_nmajor(lane);
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    std::uint32_t qa[MI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      if constexpr (Tr::q_in_regs) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) qa[mi][r] = q_frag[mi][ks][r];
+      } else {
+        ldmatrix_x4(qa[mi], s_qw + (16 * mi + qo.row) * LD + ks * 16 + qo.col);
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      std::uint32_t kb[4];
+      ldmatrix_x4(kb, s_k + (koff + np * 16 + ko.row) * LD + ks * 16 + ko.col);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        mma_16816<T>(acc_s[mi][2 * np], qa[mi], kb[0], kb[1]);
+        mma_16816<T>(acc_s[mi][2 * np + 1], qa[mi], kb[2], kb[3]);
+      }
+    }
+  }
+}
+
+/// S += Q K^T with fp32 FMA (float; one m tile, one key warp), in the accumulator layout
+/// of the tensor-core path.
+template <class Tr>
+__device__ __forceinline__ void qk_fma(score_acc<Tr>& acc_s, const float* s_qw,
+                                       const float* s_k, int lane) {
+  constexpr int D = Tr::head_dim, LD = Tr::ld, NT = Tr::n_tiles;
+  const int tq = lane % 4;
+  const float* q0 = s_qw + (lane / 4) * LD;
+  const float* q1 = q0 + 8 * LD;
+#pragma unroll 4
+  for (int d = 0; d < D; d += 4) {
+    const float4 x0 = *reinterpret_cast<const float4*>(q0 + d);
+    const float4 x1 = *reinterpret_cast<const float4*>(q1 + d);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float4 y = *reinterpret_cast<const float4*>(s_k + (n * 8 + 2 * tq + c) * LD + d);
+        acc_s[0][n][c] += x0.x * y.x + x0.y * y.y + x0.z * y.z + x0.w * y.w;
+        acc_s[0][n][2 + c] += x1.x * y.x + x1.y * y.y + x1.z * y.z + x1.w * y.w;
+      }
+  }
+}
+
+/// S = Q K^T for this warp's rows and keys of the tile.
+template <class Tr>
+__device__ __forceinline__ void compute_scores(score_acc<Tr>& acc_s,
+                                               const typename Tr::element* s_qw,
+                                               const typename Tr::element* s_k,
+                                               const q_fragments<Tr>& q_frag, int koff,
+                                               int lane) {
+#pragma unroll
+  for (int mi = 0; mi < Tr::m_tiles; ++mi)
+#pragma unroll
+    for (int n = 0; n < Tr::n_tiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[mi][n][e] = 0.0f;
+  if constexpr (Tr::tensor_cores)
+    qk_tensor_cores<Tr>(acc_s, s_qw, s_k, q_frag, koff, lane);
+  else
+    qk_fma<Tr>(acc_s, s_qw, s_k, lane);
+}
+
+/// Which form of the distance a whole warp's tile can use: `both` the general max(a - c,
+/// c - b); `left` a - c (every key of the tile left of every row's query, a + b = 2 t when
+/// not clamped); `right` c - b. The one-sided forms are the same float operations as
+/// tile_distance on its chosen side, so results do not depend on the form.
+enum class key_side : int { both = 0, left = 1, right = 2 };
+
+/// How a warp treats one key tile: whether any mask applies to it, and its key_side.
+struct tile_class {
+  bool masked = true;
+  key_side side = key_side::both;
+};
+
+/// Classifies the tile starting at key j0 for the warp's rows. Warp-collective (every lane
+/// calls it; the result is warp-uniform).
+template <class Tr>
+__device__ __forceinline__ tile_class classify_tile(const row_frames<Tr>& fr, std::int32_t j0,
+                                                    bool has_key_mask) {
+  constexpr int BN = Tr::block_n;
+  bool inside = true, left = true, right = true;
+#pragma unroll
+  for (int s = 0; s < Tr::rows_per_thread; ++s) {
+    inside = inside && fr[s].begin <= j0 && fr[s].end >= j0 + BN;
+    const detail::tile_frame tf = detail::make_tile_frame(fr[s], j0, BN);
+    left = left && tf.a + tf.b >= 2.0f * (BN - 1);
+    right = right && tf.a + tf.b <= 0.0f;
+  }
+  tile_class tc;
+  tc.masked = has_key_mask || !__all_sync(0xffffffffu, inside);
+  tc.side = __all_sync(0xffffffffu, left)    ? key_side::left
+            : __all_sync(0xffffffffu, right) ? key_side::right
+                                             : key_side::both;
+  return tc;
+}
+
+/// The per-tile bias and mask step: turns the warp's S = Q K^T accumulators of the tile
+/// that starts at key j0 into base-2 scores, (scale q.k - slope (|q_pos - k_pos| - shift))
+/// * log2(e), with -inf where a key is outside the row's allowed range or excluded by the
+/// key mask. This is the building block a backward kernel reuses to recompute the forward
+/// scores (and so P) from the same accumulators, with bit-identical results.
+///  - fr: the thread's row frames; col0: the thread's first column within the tile (its
+///    key warp's offset + 2 (lane % 4)), so that each element's column is a compile-time
+///    constant relative to it;
+///  - neg_slope_l2: -slope * log2(e) per row; scale_l2: scale * log2(e);
+///  - masked: apply the range masks (tile_class::masked); s_flags: the tile's key-mask
+///    flags (0 or -inf per key) when has_key_mask.
+/// Side: the distance form (classify_tile); it must be valid for every row of the warp.
+template <class Tr, key_side Side>
+__device__ __forceinline__ void apply_bias_and_masks(score_acc<Tr>& acc_s,
+                                                     const row_frames<Tr>& fr, std::int32_t j0,
+                                                     int col0, float scale_l2,
+                                                     const row_values<Tr>& neg_slope_l2,
+                                                     bool masked, bool has_key_mask,
+                                                     const float* s_flags) {
+  constexpr int BN = Tr::block_n, NT = Tr::n_tiles;
+  const float neg_inf = detail::neg_inf_f();
+#pragma unroll
+  for (int s = 0; s < Tr::rows_per_thread; ++s) {
+    const int mi = s / 2, k = s % 2;
+    const detail::tile_frame tf = detail::make_tile_frame(fr[s], j0 + col0, BN);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = n * 8 + c;
+        const float fc = static_cast<float>(col);
+        const float dist = Side == key_side::left    ? tf.a - fc
+                           : Side == key_side::right ? fc - tf.b
+                                                     : detail::tile_distance(tf, fc);
+        float x = detail::score_l2(acc_s[mi][n][2 * k + c], scale_l2, neg_slope_l2[s], dist);
+        if (masked) {
+          if (col < tf.begin || col >= tf.end) x = neg_inf;
+          if (has_key_mask) x += s_flags[col0 + col];
+        }
+        acc_s[mi][n][2 * k + c] = x;
+      }
+  }
+}
+
+/// Bias and masks for the tile at j0: classifies the tile for the warp, then runs the
+/// apply_bias_and_masks instance of its key_side (one instance per side; the side is
+/// warp-uniform). Warp-collective.
+template <class Tr>
+__device__ __forceinline__ void bias_and_masks(score_acc<Tr>& acc_s, const row_frames<Tr>& fr,
+                                               std::int32_t j0, int col0, float scale_l2,
+                                               const row_values<Tr>& neg_slope_l2,
+                                               bool has_key_mask, const float* s_flags) {
+  const tile_class tc = classify_tile<Tr>(fr, j0, has_key_mask);
+  if (tc.side == key_side::left)
+    apply_bias_and_masks<Tr, key_side::left>(acc_s, fr, j0, col0, scale_l2, neg_slope_l2,
+                                             tc.masked, has_key_mask, s_flags);
+  else if (tc.side == key_side::right)
+    apply_bias_and_masks<Tr, key_side::right>(acc_s, fr, j0, col0, scale_l2, neg_slope_l2,
+                                              tc.masked, has_key_mask, s_flags);
+  else
+    apply_bias_and_masks<Tr, key_side::both>(acc_s, fr, j0, col0, scale_l2, neg_slope_l2,
+                                             tc.masked, has_key_mask, s_flags);
+}
+
+/// The online softmax of one tile: per row, the tile maximum over the quad (fmaxf, which
+/// ignores NaN scores: they reach the row through 2^(NaN - ref) in the sum instead), the
+/// state's step, P = 2^(S - ref) in place of the scores, the row sum (this thread's columns
+/// only: summed over the quad in the epilogue), and the rescale of the output accumulators.
+template <class Tr>
+__device__ __forceinline__ void softmax_tile(score_acc<Tr>& acc_s, out_acc<Tr>& acc_o,
+                                             row_states<Tr>& st) {
+  constexpr int NT = Tr::n_tiles, DT = Tr::d_tiles;
+#pragma unroll
+  for (int s = 0; s < Tr::rows_per_thread; ++s) {
+    const int mi = s / 2, k = s % 2;
+    float mx = detail::neg_inf_f();
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      mx = fmaxf(mx, fmaxf(acc_s[mi][n][2 * k], acc_s[mi][n][2 * k + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const detail::softmax_step step = st[s].rescale(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float pv = detail::exp2_flush(acc_s[mi][n][2 * k + c] - step.ref);
+        acc_s[mi][n][2 * k + c] = pv;
+        sum += pv;
+      }
+    st[s].add(step, sum);
+    // Nearest tiles come first, so the maximum rarely grows after the first tile: skip
+    // the rescale when no row of the warp needs it.
+    if (!__all_sync(0xffffffffu, step.factor == 1.0f)) {
+#pragma unroll
+      for (int n = 0; n < DT; ++n) {
+        acc_o[mi][n][2 * k] *= step.factor;
+        acc_o[mi][n][2 * k + 1] *= step.factor;
+      }
+    }
+  }
+}
+
+/// O += P V on tensor cores: the accumulators of two adjacent S tiles are exactly an A
+/// fragment (rows x 16 keys); V is read k-major through ldmatrix.trans.
+template <class Tr>
+__device__ __forceinline__ void pv_tensor_cores(out_acc<Tr>& acc_o, const score_acc<Tr>& acc_s,
+                                                const typename Tr::element* s_v, int koff,
+                                                int lane) {
+  using T = typename Tr::element;
+  constexpr int LD = Tr::ld, MI = Tr::m_tiles, NT = Tr::n_tiles, DT = Tr::d_tiles;
+  const detail::lane_offset vo = detail::ldsm_b_kmajor(lane);
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    std::uint32_t pa[MI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      pa[mi][0] = elem<T>::pack(acc_s[mi][2 * kk][0], acc_s[mi][2 * kk][1]);
+      pa[mi][1] = elem<T>::pack(acc_s[mi][2 * kk][2], acc_s[mi][2 * kk][3]);
+      pa[mi][2] = elem<T>::pack(acc_s[mi][2 * kk + 1][0], acc_s[mi][2 * kk + 1][1]);
+      pa[mi][3] = elem<T>::pack(acc_s[mi][2 * kk + 1][2], acc_s[mi][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < DT / 2; ++dp) {
+      std::uint32_t vb[4];
+      ldmatrix_x4_trans(vb, s_v + (koff + kk * 16 + vo.row) * LD + dp * 16 + vo.col);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        mma_16816<T>(acc_o[mi][2 * dp], pa[mi], vb[0], vb[1]);
+        mma_16816<T>(acc_o[mi][2 * dp + 1], pa[mi], vb[2], vb[3]);
+      }
+    }
+  }
+}
+
+/// O += P V with fp32 FMA: P goes through the warp's rows of the shared fp32 tile (s_pw).
+template <class Tr>
+__device__ __forceinline__ void pv_fma(out_acc<Tr>& acc_o, const score_acc<Tr>& acc_s,
+                                       const float* s_v, float* s_pw, int lane) {
+  constexpr int LD = Tr::ld, BN = Tr::block_n, NT = Tr::n_tiles, DT = Tr::d_tiles;
+  const int tq = lane % 4;
+  float* p0 = s_pw + (lane / 4) * Tr::p_ld;
+  float* p1 = p0 + 8 * Tr::p_ld;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      p0[n * 8 + 2 * tq + c] = acc_s[0][n][c];
+      p1[n * 8 + 2 * tq + c] = acc_s[0][n][2 + c];
+    }
+  __syncwarp();
+#pragma unroll 4
+  for (int j = 0; j < BN; ++j) {
+    const float w0 = p0[j], w1 = p1[j];
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      const float2 y = *reinterpret_cast<const float2*>(s_v + j * LD + n * 8 + 2 * tq);
+      acc_o[0][n][0] += w0 * y.x;
+      acc_o[0][n][1] += w0 * y.y;
+      acc_o[0][n][2] += w1 * y.x;
+      acc_o[0][n][3] += w1 * y.y;
+    }
+  }
+  __syncwarp();
+}
+
+/// O += P V for this warp's rows and keys of the tile.
+template <class Tr>
+__device__ __forceinline__ void accumulate_pv(out_acc<Tr>& acc_o, const score_acc<Tr>& acc_s,
+                                              const typename Tr::element* s_v, float* s_pw,
+                                              int koff, int lane) {
+  if constexpr (Tr::tensor_cores)
+    pv_tensor_cores<Tr>(acc_o, acc_s, s_v, koff, lane);
+  else
+    pv_fma<Tr>(acc_o, acc_s, s_v, s_pw, lane);
+}
+
+/// Sums each row's l over its quad (the four threads that hold the row's columns; their m
+/// are already equal). Afterwards all four hold the same state.
+template <class Tr>
+__device__ __forceinline__ void sum_over_quads(row_states<Tr>& st) {
+#pragma unroll
+  for (int s = 0; s < Tr::rows_per_thread; ++s) {
+    st[s].l += __shfl_xor_sync(0xffffffffu, st[s].l, 1);
+    st[s].l += __shfl_xor_sync(0xffffffffu, st[s].l, 2);
+  }
+}
+
+/// The decoding instance: merges the key warps' partial states and outputs of the same
+/// rows into key warp 0 (merge_states, in key-warp order), through shared memory at `red`
+/// (the K buffers, free once every warp passed the main loop's last barrier). Block-wide
+/// (every thread calls it). Returns whether this warp holds the merged rows.
+template <class Tr>
+__device__ __forceinline__ bool merge_key_warps(row_states<Tr>& st, out_acc<Tr>& acc_o,
+                                                float* red, bool no_tiles) {
+  constexpr int KW = Tr::key_warps, D = Tr::head_dim, DT = Tr::d_tiles;
+  static_assert(Tr::m_tiles == 1, "key warps share one m tile");
+  const int lane = threadIdx.x % 32, tq = lane % 4, w = (threadIdx.x / 32) % KW;
+  // Layout of `red`: m and l (KW, 16), then O (KW, 16, D), fp32.
+  if (no_tiles) __syncthreads();
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const int row = lane / 4 + 8 * s;
+    if (tq == 0) {
+      red[w * 16 + row] = st[s].m;
+      red[KW * 16 + w * 16 + row] = st[s].l;
+    }
+#pragma unroll
+    for (int n = 0; n < DT; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        red[2 * KW * 16 + (w * 16 + row) * D + n * 8 + 2 * tq + c] = acc_o[0][n][2 * s + c];
+  }
+  __syncthreads();
+  if (w != 0) return false;
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const int row = lane / 4 + 8 * s;
+    // Warp 0's own state and output are still in registers; the others come from `red`.
+    for (int v = 1; v < KW; ++v) {
+      softmax_state other;
+      other.m = red[v * 16 + row];
+      other.l = red[KW * 16 + v * 16 + row];
+      const detail::softmax_merge mg = detail::merge_states(st[s], other);
+#pragma unroll
+      for (int n = 0; n < DT; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          acc_o[0][n][2 * s + c] =
+              acc_o[0][n][2 * s + c] * mg.wa +
+              red[2 * KW * 16 + (v * 16 + row) * D + n * 8 + 2 * tq + c] * mg.wb;
+      st[s] = mg.state;
+    }
+  }
+  return true;
+}
+
+/// Normalizes each row's output by its sum and finds the rows whose result is not finite:
+/// bad_mask[s] is the warp's ballot of (valid row, some element of this thread not finite).
+template <class Tr>
+__device__ __forceinline__ void normalize_rows(const row_states<Tr>& st, out_acc<Tr>& acc_o,
+                                               const warp_row_map& rows,
+                                               unsigned (&bad_mask)[Tr::rows_per_thread]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int s = 0; s < Tr::rows_per_thread; ++s) {
+    const int mi = s / 2, k = s % 2;
+    const float inv = st[s].inverse_sum();
+    bool finite = st[s].l == st[s].l;
+#pragma unroll
+    for (int n = 0; n < Tr::d_tiles; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float x = acc_o[mi][n][2 * k + c] * inv;
+        acc_o[mi][n][2 * k + c] = x;
+        finite = finite && isfinite(x);
+      }
+    bad_mask[s] = __ballot_sync(0xffffffffu, rows.row(s, lane / 4) < rows.packed_rows && !finite);
+  }
+}
+
+/// The epilogue of the fused kernel: sums l over the quads, merges the key warps' states
+/// (decoding), normalizes, writes the finite rows with their logsumexp, and sends rows
+/// whose result is not finite (any element of the row, in any thread of its quad) through
+/// careful_row. Block-wide for the decoding instance (merge_key_warps), warp-wide else.
+template <class Tr>
+__device__ __forceinline__ void finish_rows(const fwd_args<typename Tr::element>& a,
+                                            const row_writer<typename Tr::element>& writer,
+                                            row_states<Tr>& st, out_acc<Tr>& acc_o,
+                                            const warp_row_map& rows, float* red,
+                                            bool no_tiles) {
+  using T = typename Tr::element;
+  constexpr int D = Tr::head_dim, R = Tr::rows_per_thread;
+  const attention_problem& p = a.p;
+  const int lane = threadIdx.x % 32, tq = lane % 4;
+  const index_t b = writer.b, split = writer.split;
+  sum_over_quads<Tr>(st);
+  if constexpr (Tr::key_warps > 1) {
+    if (!merge_key_warps<Tr>(st, acc_o, red, no_tiles)) return;
+  }
+  unsigned bad_mask[R];
+  normalize_rows<Tr>(st, acc_o, rows, bad_mask);
+  unsigned any_bad = 0;
+#pragma unroll
+  for (int s = 0; s < R; ++s) {
+    const int mi = s / 2, k = s % 2;
+    any_bad |= bad_mask[s];
+    const unsigned quad_bad = (bad_mask[s] >> (lane & ~3)) & 0xFu;
+    const index_t r = rows.row(s, lane / 4), i = rows.query(r), h = rows.head(r);
+    if (r >= rows.packed_rows || quad_bad) continue;
+#pragma unroll
+    for (int n = 0; n < Tr::d_tiles; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) writer.value(h, i, n * 8 + 2 * tq + c, acc_o[mi][n][2 * k + c]);
+    if (tq == 0) writer.stats(h, i, st[s], detail::make_row_frame(p, b, h, i));
+  }
+  if (any_bad) {
+    for (int s = 0; s < R; ++s)
+      for (int g = 0; g < 8; ++g) {
+        if (((bad_mask[s] >> (4 * g)) & 0xFu) == 0) continue;
+        const index_t r = rows.row(s, g), i = rows.query(r), h = rows.head(r);
+        const row_frame f = detail::make_row_frame(p, b, h, i);
+        float o[D / 32];
+        softmax_state cst;
+        careful_row<T, D>(a, b, h, i, f, split * a.chunk, split * a.chunk + a.chunk, o, cst);
+#pragma unroll
+        for (int u = 0; u < D / 32; ++u) writer.value(h, i, lane + 32 * u, o[u]);
+        if (lane == 0) writer.stats(h, i, cst, f);
+      }
+  }
+}
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
     attention_kernel(const fwd_args<typename Tr::element> a) {
   using T = typename Tr::element;
-  constexpr int D = Tr::head_dim, BM = Tr::block_m, BN = Tr::block_n, LD = Tr::ld;
-  constexpr int NT = Tr::n_tiles, DT = Tr::d_tiles, MI = Tr::m_tiles, WR = Tr::warp_rows;
-  constexpr int KW = Tr::key_warps;
-  constexpr int R = 2 * MI;  // rows per thread: m tile mi holds rows lane/4 and lane/4 + 8
+  constexpr int BM = Tr::block_m, BN = Tr::block_n, LD = Tr::ld;
+  constexpr int DT = Tr::d_tiles, MI = Tr::m_tiles, WR = Tr::warp_rows;
+  constexpr int KW = Tr::key_warps, R = Tr::rows_per_thread;
   const float neg_inf = detail::neg_inf_f();
   extern __shared__ __align__(16) unsigned char smem[];
   T* s_q = reinterpret_cast<T*>(smem);                             // (BM, LD) query rows
@@ -240,20 +732,18 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   const bool has_key_mask = p.key_mask.data != nullptr;
   const row_writer<T> writer{a, split, b};
 
-  // This thread's rows: slot s = 2 mi + k is packed row row_of(s), i.e. row 16 mi +
-  // lane/4 + 8 k of the warp's rows. Kept compact (32-bit frames): registers are scarce.
-  auto row_of = [&](int s) { return row0 + wrow * WR + 16 * (s / 2) + lane / 4 + 8 * (s % 2); };
-  detail::row_frame32 fr[R];
-  float m[R], l[R], neg_slope_l2[R];
+  // This thread's rows (see warp_row_map), their 32-bit frames (registers are scarce),
+  // softmax states and slopes.
+  const warp_row_map rows{row0 + wrow * WR, packed_rows, group, kvh};
+  row_frames<Tr> fr;
+  row_states<Tr> st;
+  row_values<Tr> neg_slope_l2;
 #pragma unroll
   for (int s = 0; s < R; ++s) {
-    const index_t r = row_of(s);
-    const row_frame f = r < packed_rows
-                            ? detail::make_row_frame(p, b, kvh * group + r % group, r / group)
-                            : row_frame{};
+    const index_t r = rows.row(s, lane / 4);
+    const row_frame f =
+        r < packed_rows ? detail::make_row_frame(p, b, rows.head(r), rows.query(r)) : row_frame{};
     fr[s] = detail::make_row_frame32(f);
-    m[s] = neg_inf;
-    l[s] = 0.0f;
     neg_slope_l2[s] = -f.slope * detail::log2e_f;
   }
   const float scale_l2 = p.scale * detail::log2e_f;
@@ -277,7 +767,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   const index_t tile_first = key_lo / BN;
   const index_t tile_end = key_hi > key_lo ? (key_hi + BN - 1) / BN : tile_first;
 
-  float acc_o[MI][DT][4];
+  out_acc<Tr> acc_o;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -317,7 +807,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   const bool warp_active = __any_sync(0xffffffffu, has_rows);
   const T* s_qw = s_q + wrow * WR * LD;  // this warp's query rows
 
-  std::uint32_t q_frag[Tr::q_in_regs ? MI : 1][Tr::q_in_regs ? D / 16 : 1][4];
+  q_fragments<Tr> q_frag;
   if (tile_end > tile_first) {
     stage_rows<Tr>(s_q, BM, a.aligned, q_row);
     stage_tile(tile_end - 1);
@@ -343,302 +833,29 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
       __syncthreads();
       continue;
     }
-    const detail::lane_offset qo = detail::ldsm_a(lane);
     if constexpr (Tr::q_in_regs) {
-      if (t == tile_end - 1) {
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks)
-            ldmatrix_x4(q_frag[mi][ks], s_qw + (16 * mi + qo.row) * LD + ks * 16 + qo.col);
-      }
+      if (t == tile_end - 1) load_q_fragments<Tr>(q_frag, s_qw, lane);
     }
-
-    // S = Q K^T for this warp's rows: acc_s[mi][n][e] is row 16 mi + acc_element(lane,
-    // e).row, key column 8 n + acc_element(lane, e).col.
-    float acc_s[MI][NT][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[mi][n][e] = 0.0f;
-    if constexpr (Tr::tensor_cores) {
-      const detail::lane_offset ko = detail::ldsm_b_nmajor(lane);
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        std::uint32_t qa[MI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
-          if constexpr (Tr::q_in_regs) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) qa[mi][r] = q_frag[mi][ks][r];
-          } else {
-            ldmatrix_x4(qa[mi], s_qw + (16 * mi + qo.row) * LD + ks * 16 + qo.col);
-          }
-        }
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          std::uint32_t kb[4];
-          ldmatrix_x4(kb, s_k + (koff + np * 16 + ko.row) * LD + ks * 16 + ko.col);
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-            mma_16816<T>(acc_s[mi][2 * np], qa[mi], kb[0], kb[1]);
-            mma_16816<T>(acc_s[mi][2 * np + 1], qa[mi], kb[2], kb[3]);
-          }
-        }
-      }
-    } else {
-      const float* q0 = s_qw + (lane / 4) * LD;
-      const float* q1 = q0 + 8 * LD;
-#pragma unroll 4
-      for (int d = 0; d < D; d += 4) {
-        const float4 x0 = *reinterpret_cast<const float4*>(q0 + d);
-        const float4 x1 = *reinterpret_cast<const float4*>(q1 + d);
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float4 y = *reinterpret_cast<const float4*>(s_k + (n * 8 + 2 * tq + c) * LD + d);
-            acc_s[0][n][c] += x0.x * y.x + x0.y * y.y + x0.z * y.z + x0.w * y.w;
-            acc_s[0][n][2 + c] += x1.x * y.x + x1.y * y.y + x1.z * y.z + x1.w * y.w;
-          }
-      }
-    }
-
-    // Bias, masks and the online softmax. Columns are relative to key j0 + 2 * (lane % 4),
-    // so each element's column is a compile-time constant.
-    bool inside = true, left = true, right = true;
-#pragma unroll
-    for (int s = 0; s < R; ++s) {
-      inside = inside && fr[s].begin <= j0 && fr[s].end >= j0 + BN;
-      // Every key of the tile on one side of the query (a + b = 2 t when not clamped):
-      // the distance is a - c (left) or c - b (right) for every column.
-      const detail::tile_frame tf = detail::make_tile_frame(fr[s], j0, BN);
-      left = left && tf.a + tf.b >= 2.0f * (BN - 1);
-      right = right && tf.a + tf.b <= 0.0f;
-    }
-    const bool masked = has_key_mask || !__all_sync(0xffffffffu, inside);
-    // 0: general max(a - c, c - b); 1: a - c; 2: c - b. The same float operations as
-    // tile_distance on its chosen side, so results do not depend on the path.
-    const int side = __all_sync(0xffffffffu, left) ? 1 : __all_sync(0xffffffffu, right) ? 2 : 0;
-    // Scores in base 2 with bias and masks, one instance per side (side is warp-uniform).
-    auto score_tile = [&](auto side_tag) {
-      constexpr int sd = decltype(side_tag)::value;
-#pragma unroll
-      for (int s = 0; s < R; ++s) {
-        const int mi = s / 2, k = s % 2;
-        const detail::tile_frame tf = detail::make_tile_frame(fr[s], j0 + koff + 2 * tq, BN);
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int col = n * 8 + c;
-            const float fc = static_cast<float>(col);
-            const float dist = sd == 1   ? tf.a - fc
-                               : sd == 2 ? fc - tf.b
-                                         : detail::tile_distance(tf, fc);
-            float x = detail::score_l2(acc_s[mi][n][2 * k + c], scale_l2, neg_slope_l2[s], dist);
-            if (masked) {
-              if (col < tf.begin || col >= tf.end) x = neg_inf;
-              if (has_key_mask) x += s_flags[koff + col + 2 * tq];
-            }
-            acc_s[mi][n][2 * k + c] = x;
-          }
-      }
-    };
-    if (side == 1)
-      score_tile(std::integral_constant<int, 1>{});
-    else if (side == 2)
-      score_tile(std::integral_constant<int, 2>{});
-    else
-      score_tile(std::integral_constant<int, 0>{});
-#pragma unroll
-    for (int s = 0; s < R; ++s) {
-      const int mi = s / 2, k = s % 2;
-      float mx = neg_inf;
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-        mx = fmaxf(mx, fmaxf(acc_s[mi][n][2 * k], acc_s[mi][n][2 * k + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const detail::online_step st = detail::online_update(m[s], mx);
-      m[s] = st.m;
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float pv = detail::fast_exp2(acc_s[mi][n][2 * k + c] - st.ref);
-          acc_s[mi][n][2 * k + c] = pv;
-          sum += pv;
-        }
-      l[s] = l[s] * st.factor + sum;  // this thread's columns only; summed over the quad at the end
-      // Nearest tiles come first, so the maximum rarely grows after the first tile: skip
-      // the rescale when no row of the warp needs it.
-      if (!__all_sync(0xffffffffu, st.factor == 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < DT; ++n) {
-          acc_o[mi][n][2 * k] *= st.factor;
-          acc_o[mi][n][2 * k + 1] *= st.factor;
-        }
-      }
-    }
-
-    // O += P V.
-    if constexpr (Tr::tensor_cores) {
-      const detail::lane_offset vo = detail::ldsm_b_kmajor(lane);
-#pragma unroll
-      for (int kk = 0; kk < NT / 2; ++kk) {
-        // The accumulators of two adjacent S tiles are exactly an A fragment (rows x 16 keys).
-        std::uint32_t pa[MI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
-          pa[mi][0] = elem<T>::pack(acc_s[mi][2 * kk][0], acc_s[mi][2 * kk][1]);
-          pa[mi][1] = elem<T>::pack(acc_s[mi][2 * kk][2], acc_s[mi][2 * kk][3]);
-          pa[mi][2] = elem<T>::pack(acc_s[mi][2 * kk + 1][0], acc_s[mi][2 * kk + 1][1]);
-          pa[mi][3] = elem<T>::pack(acc_s[mi][2 * kk + 1][2], acc_s[mi][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          std::uint32_t vb[4];
-          ldmatrix_x4_trans(vb, s_v + (koff + kk * 16 + vo.row) * LD + dp * 16 + vo.col);
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-            mma_16816<T>(acc_o[mi][2 * dp], pa[mi], vb[0], vb[1]);
-            mma_16816<T>(acc_o[mi][2 * dp + 1], pa[mi], vb[2], vb[3]);
-          }
-        }
-      }
-    } else {
-      float* p0 = s_p + (wrow * WR + lane / 4) * Tr::p_ld;
-      float* p1 = p0 + 8 * Tr::p_ld;
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          p0[n * 8 + 2 * tq + c] = acc_s[0][n][c];
-          p1[n * 8 + 2 * tq + c] = acc_s[0][n][2 + c];
-        }
-      __syncwarp();
-#pragma unroll 4
-      for (int j = 0; j < BN; ++j) {
-        const float w0 = p0[j], w1 = p1[j];
-#pragma unroll
-        for (int n = 0; n < DT; ++n) {
-          const float2 y = *reinterpret_cast<const float2*>(s_v + j * LD + n * 8 + 2 * tq);
-          acc_o[0][n][0] += w0 * y.x;
-          acc_o[0][n][1] += w0 * y.y;
-          acc_o[0][n][2] += w1 * y.x;
-          acc_o[0][n][3] += w1 * y.y;
-        }
-      }
-      __syncwarp();
-    }
+    score_acc<Tr> acc_s;
+    compute_scores<Tr>(acc_s, s_qw, s_k, q_frag, koff, lane);  // S = Q K^T
+    bias_and_masks<Tr>(acc_s, fr, j0, koff + 2 * tq, scale_l2, neg_slope_l2, has_key_mask,
+                       s_flags);                                // base-2 scores, -inf masked
+    softmax_tile<Tr>(acc_s, acc_o, st);                         // P, row states, O rescaled
+    accumulate_pv<Tr>(acc_o, acc_s, s_v, s_p + wrow * WR * Tr::p_ld, koff, lane);  // O += P V
     __syncthreads();  // every warp is done with buffer t % 2 before it is refilled
   }
 
-  // Epilogue: sum l over the quad, merge the key warps' states (decoding), normalize, and
-  // send rows whose result is not finite through the careful path.
-#pragma unroll
-  for (int s = 0; s < R; ++s) {
-    l[s] += __shfl_xor_sync(0xffffffffu, l[s], 1);
-    l[s] += __shfl_xor_sync(0xffffffffu, l[s], 2);
-  }
-  if constexpr (KW > 1) {
-    static_assert(MI == 1, "key warps share one m tile");
-    // Every warp passed the loop's last barrier (or never entered it): the K buffers are
-    // free. Layout: m and l (KW, 16), then O (KW, 16, D), fp32.
-    float* red = reinterpret_cast<float*>(s_k0);
-    const int w = warp % KW;
-    if (tile_end <= tile_first) __syncthreads();
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const int row = lane / 4 + 8 * s;
-      if (tq == 0) {
-        red[w * 16 + row] = m[s];
-        red[KW * 16 + w * 16 + row] = l[s];
-      }
-#pragma unroll
-      for (int n = 0; n < DT; ++n)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          red[2 * KW * 16 + (w * 16 + row) * D + n * 8 + 2 * tq + c] = acc_o[0][n][2 * s + c];
-    }
-    __syncthreads();
-    if (w != 0) return;
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const int row = lane / 4 + 8 * s;
-      float mx = neg_inf;
-      for (int v = 0; v < KW; ++v) mx = fmaxf(mx, red[v * 16 + row]);
-      float lsum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < DT; ++n)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) acc_o[0][n][2 * s + c] = 0.0f;
-      for (int v = 0; v < KW; ++v) {
-        const detail::online_step st = detail::online_update(red[v * 16 + row], mx);
-        lsum += red[KW * 16 + v * 16 + row] * st.factor;
-#pragma unroll
-        for (int n = 0; n < DT; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            acc_o[0][n][2 * s + c] +=
-                red[2 * KW * 16 + (v * 16 + row) * D + n * 8 + 2 * tq + c] * st.factor;
-      }
-      m[s] = mx;
-      l[s] = lsum;
-    }
-  }
-  unsigned bad_mask[R];
-#pragma unroll
-  for (int s = 0; s < R; ++s) {
-    const int mi = s / 2, k = s % 2;
-    const float inv = l[s] > 0.0f ? 1.0f / l[s] : 0.0f;
-    bool finite = l[s] == l[s];
-#pragma unroll
-    for (int n = 0; n < DT; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float x = acc_o[mi][n][2 * k + c] * inv;
-        acc_o[mi][n][2 * k + c] = x;
-        finite = finite && isfinite(x);
-      }
-    bad_mask[s] = __ballot_sync(0xffffffffu, row_of(s) < packed_rows && !finite);
-  }
-  unsigned any_bad = 0;
-#pragma unroll
-  for (int s = 0; s < R; ++s) {
-    const int mi = s / 2, k = s % 2;
-    any_bad |= bad_mask[s];
-    const unsigned quad_bad = (bad_mask[s] >> (lane & ~3)) & 0xFu;
-    const index_t r = row_of(s), i = r / group, h = kvh * group + r % group;
-    if (r >= packed_rows || quad_bad) continue;
-#pragma unroll
-    for (int n = 0; n < DT; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) writer.value(h, i, n * 8 + 2 * tq + c, acc_o[mi][n][2 * k + c]);
-    if (tq == 0) writer.stats(h, i, m[s], l[s], detail::make_row_frame(p, b, h, i));
-  }
-  if (any_bad) {
-    for (int s = 0; s < R; ++s)
-      for (int g = 0; g < 8; ++g) {
-        if (((bad_mask[s] >> (4 * g)) & 0xFu) == 0) continue;
-        const index_t r = row0 + wrow * WR + 16 * (s / 2) + g + 8 * (s % 2);
-        const index_t i = r / group, h = kvh * group + r % group;
-        const row_frame f = detail::make_row_frame(p, b, h, i);
-        float o[D / 32], mm, ll;
-        careful_row<T, D>(a, b, h, i, f, split * a.chunk, split * a.chunk + a.chunk, o, mm, ll);
-#pragma unroll
-        for (int u = 0; u < D / 32; ++u) writer.value(h, i, lane + 32 * u, o[u]);
-        if (lane == 0) writer.stats(h, i, mm, ll, f);
-      }
-  }
+  finish_rows<Tr>(a, writer, st, acc_o, rows, reinterpret_cast<float*>(s_k0),
+                  tile_end <= tile_first);
 }
 
-/// Combines the split-KV partial results of each row: one warp per (batch, head, row).
-template <class T>
+/// Combines the split-KV partial results of each row: one warp per (batch, head, row), lane
+/// holding head dims lane + 32 u. Each split's partial result (normalized output, base-2
+/// logsumexp without the shift) is the state state_from_lse2(lse2) with output o; the
+/// splits are merged in order with merge_states. A split with no weight (no keys, or
+/// negligible against the others) is skipped: its partial output is 0 (or never formed).
+/// A NaN split makes the row NaN; a row without keys in any split gets 0 and -inf.
+template <class T, int D>
 __global__ void __launch_bounds__(128) merge_kernel(const fwd_args<T> a) {
   const attention_problem& p = a.p;
   const index_t rows = p.batch * p.q_heads * p.q_len;
@@ -647,32 +864,26 @@ __global__ void __launch_bounds__(128) merge_kernel(const fwd_args<T> a) {
   const int lane = threadIdx.x % 32;
   const index_t i = row % p.q_len, h = (row / p.q_len) % p.q_heads, b = row / (p.q_len * p.q_heads);
   const index_t stride = rows;  // between splits, in rows
-  // max over the splits' logsumexps; a NaN one (a row that met NaN) makes the row NaN.
-  float mx = detail::neg_inf_f();
-  bool nan = false;
+  softmax_state st;
+  float acc[D / 32];
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) acc[u] = 0.0f;
   for (index_t s = 0; s < a.splits; ++s) {
-    const float x = a.part_lse[s * stride + row];
-    nan = nan || x != x;
-    mx = fmaxf(mx, x);
+    const softmax_state part = detail::state_from_lse2(a.part_lse[s * stride + row]);
+    const detail::softmax_merge mg = detail::merge_states(st, part);
+    const float* o = a.part_o + (s * stride + row) * D;
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u)
+      acc[u] = (mg.wa != 0.0f ? acc[u] * mg.wa : 0.0f) +
+               (mg.wb != 0.0f ? mg.wb * o[lane + 32 * u] : 0.0f);
+    st = mg.state;
   }
-  const bool none = mx == detail::neg_inf_f();
-  float sum = nan ? detail::nan_f() : 0.0f;
-  if (!none && !nan)
-    for (index_t s = 0; s < a.splits; ++s)
-      sum += detail::fast_exp2(a.part_lse[s * stride + row] - mx);
-  for (index_t d = lane; d < p.head_dim; d += 32) {
-    float x = nan ? sum : 0.0f;
-    if (!none && !nan)
-      for (index_t s = 0; s < a.splits; ++s) {
-        // Splits with no weight are skipped: their partial output is 0 (or never formed).
-        const float w = detail::merge_weight(a.part_lse[s * stride + row], mx, sum);
-        if (w != 0.0f) x += w * a.part_o[(s * stride + row) * p.head_dim + d];
-      }
-    a.out(b, h, i, d) = elem<T>::from_float(x);
-  }
+  const float inv = st.inverse_sum();
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) a.out(b, h, i, lane + 32 * u) = elem<T>::from_float(acc[u] * inv);
   if (lane == 0 && p.lse.data) {
     const row_frame f = detail::make_row_frame(p, b, h, i);
-    p.lse(b, h, i) = detail::finish_lse_l2(mx, none ? 0.0f : sum, f);
+    p.lse(b, h, i) = st.lse(-f.slope * static_cast<float>(f.shift));
   }
 }
 
