@@ -204,7 +204,7 @@ TEST_CASE("merging the states of two key halves equals the whole row", "[tile_ro
     ad::softmax_state st;
     float out = 0.0f;
     for (const row_result* part : {&a, &b}) {
-      const ad::softmax_state ps = ad::state_from_lse2(part->st.lse2());
+      const ad::softmax_state ps = ad::softmax_state::from_lse2(part->st.lse2());
       const float o = part->acc * part->st.inverse_sum();
       const ad::softmax_merge m = ad::merge_states(st, ps);
       out = (m.wa != 0.0f ? out * m.wa : 0.0f) + (m.wb != 0.0f ? m.wb * o : 0.0f);
@@ -215,23 +215,23 @@ TEST_CASE("merging the states of two key halves equals the whole row", "[tile_ro
   }
 }
 
-TEST_CASE("logsumexp round trips through from_lse and state_from_lse2", "[tile_rows]") {
+TEST_CASE("logsumexp round trips through from_lse and from_lse2", "[tile_rows]") {
   for (float lse : {-30.5f, -1.0f, 0.0f, 0.25f, 7.0f, 1000.0f}) {
     const ad::softmax_state s = ad::softmax_state::from_lse(lse);
     CHECK(s.l == 1.0f);
     CHECK(close(s.lse(), lse, 1e-6));
-    const ad::softmax_state s2 = ad::state_from_lse2(lse);
+    const ad::softmax_state s2 = ad::softmax_state::from_lse2(lse);
     CHECK(s2.m == lse);  // exact: no round trip through the natural log
     CHECK(s2.l == 1.0f);
     CHECK(s2.lse2() == lse);
   }
   for (const ad::softmax_state& s :
-       {ad::softmax_state::from_lse(neg_inf), ad::state_from_lse2(neg_inf)}) {
+       {ad::softmax_state::from_lse(neg_inf), ad::softmax_state::from_lse2(neg_inf)}) {
     CHECK(s.m == neg_inf);
     CHECK(s.l == 0.0f);
     CHECK(s.lse() == neg_inf);
   }
-  CHECK(std::isnan(ad::state_from_lse2(nan_f).lse2()));
+  CHECK(std::isnan(ad::softmax_state::from_lse2(nan_f).lse2()));
   CHECK(std::isnan(ad::softmax_state::from_lse(nan_f).lse()));
 }
 
@@ -289,8 +289,8 @@ TEST_CASE("a NaN score makes its row NaN on every path", "[tile_rows]") {
   // Merges: a NaN side makes the merged state NaN, in either order.
   const row_result ok = tiled_row(x, 0, 64, 64);
   for (const auto& mg : {ad::merge_states(ok.st, r.st), ad::merge_states(r.st, ok.st),
-                         ad::merge_states(ad::state_from_lse2(nan_f), ok.st),
-                         ad::merge_states(ok.st, ad::state_from_lse2(nan_f))})
+                         ad::merge_states(ad::softmax_state::from_lse2(nan_f), ok.st),
+                         ad::merge_states(ok.st, ad::softmax_state::from_lse2(nan_f))})
     CHECK(std::isnan(mg.state.lse2()));
 }
 

@@ -123,17 +123,23 @@ struct softmax_state {
     return x == neg_inf_f() || x != x ? x : x * ln2_f + bias_shift;
   }
 
-  /// The state of a finished, normalized partial result with natural-log logsumexp `lse`
-  /// (its output is already divided by its sum, so l = 1 relative to m = lse in base 2).
-  ALIBI_HOST_DEVICE ALIBI_FORCEINLINE static softmax_state from_lse(float lse) {
+  /// The state of a finished, normalized partial result (its output already divided by
+  /// its sum) whose base-2 logsumexp is `lse2`: m = lse2, l = 1. -inf (no keys) gives the
+  /// empty state, NaN the NaN state. Split-KV partial results are stored this way: base 2
+  /// keeps their merge free of a round trip through the natural log.
+  ALIBI_HOST_DEVICE ALIBI_FORCEINLINE static softmax_state from_lse2(float lse2) {
     softmax_state s;
-    if (lse != lse) {
+    if (lse2 != lse2) {
       s.m = s.l = nan_f();
-    } else if (lse != neg_inf_f()) {
-      s.m = lse * log2e_f;
+    } else if (lse2 != neg_inf_f()) {
+      s.m = lse2;
       s.l = 1.0f;
     }
     return s;
+  }
+  /// The same from the contract's natural-log logsumexp (what attention() writes).
+  ALIBI_HOST_DEVICE ALIBI_FORCEINLINE static softmax_state from_lse(float lse) {
+    return from_lse2(lse != lse || lse == neg_inf_f() ? lse : lse * log2e_f);
   }
 };
 

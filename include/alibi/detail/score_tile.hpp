@@ -114,21 +114,6 @@ ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float score_l2(float dot, float scale_l2, fl
   return fmaf(dot, scale_l2, neg_slope_l2 * distance);
 }
 
-/// The softmax state of a finished partial result whose base-2 logsumexp (distance shift
-/// not added back) is `lse2`, its output already normalized: m = lse2, l = 1. -inf (no
-/// keys) gives the empty state, NaN the NaN state. The split-KV partial results are stored
-/// this way: base 2 keeps the merge free of a round trip through the natural log (compare
-/// softmax_state::from_lse, which takes the contract's natural-log logsumexp).
-ALIBI_HOST_DEVICE ALIBI_FORCEINLINE softmax_state state_from_lse2(float lse2) {
-  softmax_state s;
-  if (lse2 != lse2) {
-    s.m = s.l = nan_f();
-  } else if (lse2 != neg_inf_f()) {
-    s.m = lse2;
-    s.l = 1.0f;
-  }
-  return s;
-}
 
 }  // namespace detail
 }  // namespace alibi

@@ -100,9 +100,9 @@ inline bool host_only_pointer(const void* ptr) {
 }
 
 /// Refuses tensors and per-batch views in host memory that the kernels would fault on.
-template <class TQ, class TKV, class TO>
+template <class TQ, class TKV, class TO, class Isa>
 status check_device_pointers(const std::string& f, const attention_problem& p,
-                             const detail::attention_tensors<TQ, TKV, TO>& t) {
+                             const detail::attention_tensors<TQ, TKV, TO, Isa>& t) {
   const struct {
     const char* name;
     const void* ptr;
@@ -236,13 +236,14 @@ namespace detail {
 
 template <>
 struct attention_impl<backend::cuda> {
-  template <class TQ, class TKV, class TO>
+  template <class TQ, class TKV, class TO, class Isa>
   static status can_implement(const backend::cuda&, const attention_problem& p,
-                              const attention_tensors<TQ, TKV, TO>& t) {
+                              const attention_tensors<TQ, TKV, TO, Isa>& t) {
     const std::string f = "alibi::attention (cuda)";
     if (!cuda_detail::supported_element<TQ> || !std::is_same<TQ, TKV>::value)
-      return status::failure(f + ": q, k and v must all be float, all __half or all "
-                                 "__nv_bfloat16");
+      return status::failure(f +
+                             ": q, k and v must all be float, all __half or all "
+                             "__nv_bfloat16");
     if (!std::is_same<TQ, TO>::value)
       return status::failure(f + ": out must have the element type of q, k and v");
     if (status s = cuda_detail::check_device_pointers(f, p, t); !s) return s;
@@ -264,9 +265,9 @@ struct attention_impl<backend::cuda> {
     return {};
   }
 
-  template <class TQ, class TKV, class TO>
+  template <class TQ, class TKV, class TO, class Isa>
   static void run(const backend::cuda& be, const attention_problem& p,
-                  const attention_tensors<TQ, TKV, TO>& t) {
+                  const attention_tensors<TQ, TKV, TO, Isa>& t) {
     if constexpr (cuda_detail::supported_element<TQ> && std::is_same<TQ, TKV>::value &&
                   std::is_same<TQ, TO>::value) {
       if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;

@@ -219,7 +219,7 @@ __device__ void careful_row(const fwd_args<T>& a, index_t b, index_t h, index_t 
 }
 
 /// Writes one row's result: the final output and logsumexp, or the split's partial result
-/// (normalized output, base-2 logsumexp without the distance shift: see state_from_lse2).
+/// (normalized output, base-2 logsumexp without the distance shift: see softmax_state::from_lse2).
 template <class T>
 struct row_writer {
   const fwd_args<T>& a;
@@ -851,7 +851,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
 
 /// Combines the split-KV partial results of each row: one warp per (batch, head, row), lane
 /// holding head dims lane + 32 u. Each split's partial result (normalized output, base-2
-/// logsumexp without the shift) is the state state_from_lse2(lse2) with output o; the
+/// logsumexp without the shift) is the state softmax_state::from_lse2(lse2) with output o; the
 /// splits are merged in order with merge_states. A split with no weight (no keys, or
 /// negligible against the others) is skipped: its partial output is 0 (or never formed).
 /// A NaN split makes the row NaN; a row without keys in any split gets 0 and -inf.
@@ -869,7 +869,7 @@ __global__ void __launch_bounds__(128) merge_kernel(const fwd_args<T> a) {
 #pragma unroll
   for (int u = 0; u < D / 32; ++u) acc[u] = 0.0f;
   for (index_t s = 0; s < a.splits; ++s) {
-    const softmax_state part = detail::state_from_lse2(a.part_lse[s * stride + row]);
+    const softmax_state part = detail::softmax_state::from_lse2(a.part_lse[s * stride + row]);
     const detail::softmax_merge mg = detail::merge_states(st, part);
     const float* o = a.part_o + (s * stride + row) * D;
 #pragma unroll

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: MIT
+// The merge of partial attention results: (out_a, lse_a) + (out_b, lse_b) -> (out, lse),
+// where a and b are the attention of the same queries over two disjoint sets of keys (two
+// key chunks, two ranks of a ring, two caches). Split-KV, sequence-parallel attention and
+// users share it; every backend implements it with the same online-softmax state
+// (detail/online_softmax.hpp).
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include "alibi/attention.hpp"
+#include "alibi/detail/online_softmax.hpp"
+
+namespace alibi {
+namespace detail {
+
+/// One specialization per backend, beside its attention_impl (the backend's merge file).
+///   template <class T> static void run(const Backend&, const partial_merge_args<T>&);
+template <class Backend, class Enable = void>
+struct partial_merge_impl {
+  static_assert(dependent_false<Backend>::value,
+                "alibi::merge_partials: no implementation of this backend is visible. Include "
+                "<alibi/alibi.hpp> for the CPU backends, <alibi/cuda.cuh> for CUDA.");
+};
+
+/// The checked arguments of a merge: outputs (batch, heads, len, dim), logsumexps
+/// (batch, heads, len); lse may be omitted (null data).
+template <class T>
+struct partial_merge_args {
+  tensor_view<const T, 4> out_a, out_b;
+  tensor_view<const float, 3> lse_a, lse_b;
+  tensor_view<T, 4> out;
+  tensor_view<float, 3> lse;
+};
+
+/// The merge of one row element by element, for any backend that computes in float:
+/// returns the merged state; o(d) = (wa * a(d) + wb * b(d)) * inv for every element.
+struct row_merge {
+  softmax_state state;
+  float wa = 0.0f, wb = 0.0f, inv = 0.0f;
+
+  ALIBI_HOST_DEVICE static row_merge make(float lse_a, float lse_b) {
+    const softmax_merge mg =
+        merge_states(softmax_state::from_lse(lse_a), softmax_state::from_lse(lse_b));
+    row_merge r;
+    r.state = mg.state;
+    r.wa = mg.wa;
+    r.wb = mg.wb;
+    r.inv = mg.state.inverse_sum();
+    return r;
+  }
+  /// A side whose weight is 0 (no keys) is never read: its output may be anything.
+  ALIBI_HOST_DEVICE float value(float a, float b) const {
+    return ((wa != 0.0f ? wa * a : 0.0f) + (wb != 0.0f ? wb * b : 0.0f)) * inv;
+  }
+};
+
+template <class TA, class TB, class TO>
+status check_merge(const tensor_view<TA, 4>& out_a, const tensor_view<const float, 3>& lse_a,
+                   const tensor_view<TB, 4>& out_b, const tensor_view<const float, 3>& lse_b,
+                   const tensor_view<TO, 4>& out, const tensor_view<float, 3>& lse) {
+  const char* fn = "alibi::merge_partials";
+  for (const status& s :
+       {check_view(fn, "out_a", out_a), check_view(fn, "out_b", out_b), check_view(fn, "out", out),
+        check_view(fn, "lse_a", lse_a), check_view(fn, "lse_b", lse_b)})
+    if (!s) return s;
+  const index_t rows[] = {out.extents[0], out.extents[1], out.extents[2]};
+  for (int d = 0; d < 4; ++d)
+    if (out_a.extents[d] != out.extents[d] || out_b.extents[d] != out.extents[d])
+      return status::failure(std::string(fn) +
+                             ": out_a, out_b and out must have the same shape "
+                             "(batch, heads, len, dim); extent(" +
+                             str(d) + ") is " + str(out_a.extents[d]) + ", " +
+                             str(out_b.extents[d]) + " and " + str(out.extents[d]));
+  for (int d = 0; d < 3; ++d)
+    if (lse_a.extents[d] != rows[d] || lse_b.extents[d] != rows[d])
+      return status::failure(std::string(fn) +
+                             ": lse_a and lse_b must have shape (batch, heads, len) of out; "
+                             "extent(" +
+                             str(d) + ") is " + str(lse_a.extents[d]) + " and " +
+                             str(lse_b.extents[d]) + ", expected " + str(rows[d]));
+  return check_optional(fn, "lse", lse, rows, "(batch, heads, len)");
+}
+
+}  // namespace detail
+
+/// Merges two partial attention results over disjoint key sets into the result over their
+/// union: out = (exp(lse_a) out_a + exp(lse_b) out_b) / (exp(lse_a) + exp(lse_b)) and
+/// lse = log(exp(lse_a) + exp(lse_b)), computed without overflow (relative to the larger
+/// logsumexp), row by row. Natural-log logsumexps, as attention() writes them. A side with
+/// lse -inf (no keys) contributes nothing and its output is not read; both -inf gives 0 and
+/// -inf; NaN on either side gives NaN. `out` may be the same view as out_a or out_b (and
+/// `lse` as lse_a or lse_b): each element is read before it is written. `lse` may be
+/// omitted (default-constructed). Shapes: out_a, out_b, out (batch, heads, len, dim),
+/// lse_a, lse_b, lse (batch, heads, len), any strides, in the backend's memory.
+template <class Backend, class TA, class TB, class TO>
+void merge_partials(const Backend& backend, tensor_view<TA, 4> out_a,
+                    tensor_view<const float, 3> lse_a, tensor_view<TB, 4> out_b,
+                    tensor_view<const float, 3> lse_b, tensor_view<TO, 4> out,
+                    tensor_view<float, 3> lse = {}) {
+  using T = std::remove_const_t<TA>;
+  static_assert(std::is_same<T, std::remove_const_t<TB>>::value && std::is_same<T, TO>::value,
+                "alibi::merge_partials: out_a, out_b and out must have the same element type");
+  detail::check_merge(out_a, lse_a, out_b, lse_b, out, lse).throw_if_failed();
+  detail::partial_merge_args<T> args{out_a, out_b, lse_a, lse_b, out, lse};
+  detail::partial_merge_impl<Backend>::run(backend, args);
+}
+
+}  // namespace alibi
