@@ -209,6 +209,45 @@ TEST_CASE("cuda: unsupported configurations are clear errors", "[cuda]") {
   CHECK_FALSE(alibi::can_implement(alibi::backend::cuda{}, qd, qd, qd, od).ok());
 }
 
+TEST_CASE("cuda: host pointers and device-side merges", "[cuda]") {
+  // Pageable host memory is refused by can_implement, naming the view.
+  std::vector<float> host(4 * 64), host_out(4 * 64);
+  alibi_test::device_buffer<float> d(host);
+  auto dq = alibi::make_view<const float>(d.ptr, 1, 1, 4, 64);
+  auto hq = alibi::make_view<const float>(host.data(), 1, 1, 4, 64);
+  auto dout = alibi::make_view<float>(d.ptr, 1, 1, 4, 64);
+  const alibi::status s = alibi::can_implement(alibi::backend::cuda{}, dq, hq, dq, dout);
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.message(), Catch::Contains("k.data points to host memory"));
+  const std::vector<alibi::index_t> lengths = {4};
+  alibi::attention_params p;
+  p.k_lengths = alibi::make_view(lengths.data(), 1);
+  CHECK_THAT(alibi::can_implement(alibi::backend::cuda{}, dq, dq, dq, dout, p).message(),
+             Catch::Contains("params.k_lengths.data points to host memory"));
+
+  // merge_partials on the device equals the host merge.
+  std::vector<float> a(4 * 64), b(4 * 64), la = {0.5f, -1.0f, -INFINITY, 2.0f},
+                                           lb = {0.0f, -INFINITY, -INFINITY, 3.0f};
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>(i % 7) - 3.0f;
+    b[i] = static_cast<float>(i % 5) * 0.5f;
+  }
+  alibi_test::device_buffer<float> da(a), db(b), dla(la), dlb(lb), dmo(host_out),
+      dml(std::vector<float>(4));
+  auto v4 = [](float* x) { return alibi::make_view(x, 1, 1, 4, 64); };
+  auto v3 = [](float* x) { return alibi::make_view(x, 1, 1, 4); };
+  alibi::merge_partials(alibi::backend::cuda{}, v4(da.ptr), v3(dla.ptr), v4(db.ptr), v3(dlb.ptr),
+                        v4(dmo.ptr), v3(dml.ptr));
+  std::vector<float> ho(4 * 64), hl(4);
+  alibi::merge_partials(alibi::backend::reference{}, v4(a.data()), v3(la.data()), v4(b.data()),
+                        v3(lb.data()), v4(ho.data()), v3(hl.data()));
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<float> go = dmo.download(), gl = dml.download();
+  for (std::size_t i = 0; i < ho.size(); ++i) CHECK(go[i] == Approx(ho[i]).margin(1e-6));
+  for (std::size_t i = 0; i < hl.size(); ++i)
+    CHECK((gl[i] == hl[i] || std::fabs(gl[i] - hl[i]) < 1e-6f));
+}
+
 TEST_CASE("cuda: an explicit kernel_tuning through the internal entry point", "[cuda]") {
   // The configuration the GPU benchmark's variants pass to cuda_detail::launch: one warp
   // row of 16 (m_tiles 1), two resident blocks, 32-key tiles for D = 128. A distinct type,

@@ -31,14 +31,16 @@ struct dependent_false : std::false_type {};
 ///   template <class TQ, class TKV, class TO> static void run(const Backend&,
 ///       const attention_problem&, tensor_view<const TQ, 4> q, tensor_view<const TKV, 4> k,
 ///       tensor_view<const TKV, 4> v, tensor_view<TO, 4> out);
+///   template <class T> static void merge(const Backend&, const partial_merge_args<T>&);
+///       (alibi::merge_partials, alibi/merge.hpp)
 /// The memory space the backend reads is its tag's `memory_space`.
 template <class Backend, class Enable = void>
 struct attention_impl {
   static_assert(dependent_false<Backend>::value,
                 "alibi::attention: no implementation of this backend is visible. Include the "
-                "backend's header: <alibi/backend/NAME/attention.hpp> for alibi::backend::NAME "
-                "(or <alibi/alibi.hpp> for the CPU backends, <alibi/cuda.cuh> in a .cu file "
-                "compiled by nvcc for alibi::backend::cuda).");
+                "backend's <alibi/backend/NAME/attention.hpp> (or the umbrella "
+                "<alibi/alibi.hpp> for the CPU backends, <alibi/cuda.cuh> in a .cu file for "
+                "CUDA).");
 };
 
 /// Whether a backend reads host memory (so that the front end can check the values of the

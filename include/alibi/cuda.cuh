@@ -7,7 +7,6 @@
 #include "alibi/attention.hpp"
 #include "alibi/backend/cuda/attention.cuh"
 #include "alibi/backend/cuda/layers.cuh"
-#include "alibi/backend/cuda/merge.cuh"
 #include "alibi/bias.hpp"
 #include "alibi/layers.hpp"
 #include "alibi/layers/checkpoint.hpp"

@@ -15,38 +15,39 @@
 
 namespace alibi {
 
+namespace detail {
+
+/// A row-major (C order) view of rank R over `data` with Eigen's dimensions.
+template <class T, int R, class Dims>
+tensor_view<T, R> row_major_view(T* data, const Dims& dims) {
+  tensor_view<T, R> v;
+  v.data = data;
+  index_t s = 1;
+  for (int d = R - 1; d >= 0; --d) {
+    v.extents[d] = static_cast<index_t>(dims[d]);
+    v.strides[d] = s;
+    s *= v.extents[d];
+  }
+  return v;
+}
+
+}  // namespace detail
+
 /// A view of a row-major Eigen tensor (or TensorMap) of rank R.
 template <class T, int R>
 tensor_view<T, R> from_eigen(
     Eigen::TensorMap<Eigen::Tensor<std::remove_const_t<T>, R, Eigen::RowMajor>> m) {
-  tensor_view<T, R> v;
-  v.data = m.data();
-  index_t s = 1;
-  for (int d = R - 1; d >= 0; --d) {
-    v.extents[d] = m.dimension(d);
-    v.strides[d] = s;
-    s *= m.dimension(d);
-  }
-  return v;
+  return detail::row_major_view<T, R>(m.data(), m.dimensions());
 }
 
 template <class T, int R>
 tensor_view<T, R> from_eigen(Eigen::Tensor<T, R, Eigen::RowMajor>& t) {
-  return from_eigen<T, R>(
-      Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>>(t.data(), t.dimensions()));
+  return detail::row_major_view<T, R>(t.data(), t.dimensions());
 }
 
 template <class T, int R>
 tensor_view<const T, R> from_eigen(const Eigen::Tensor<T, R, Eigen::RowMajor>& t) {
-  tensor_view<const T, R> v;
-  v.data = t.data();
-  index_t s = 1;
-  for (int d = R - 1; d >= 0; --d) {
-    v.extents[d] = t.dimension(d);
-    v.strides[d] = s;
-    s *= t.dimension(d);
-  }
-  return v;
+  return detail::row_major_view<const T, R>(t.data(), t.dimensions());
 }
 
 /// The Eigen::TensorMap type over a view of T (const T maps a const tensor).

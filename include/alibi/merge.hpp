@@ -2,8 +2,8 @@
 // The merge of partial attention results: (out_a, lse_a) + (out_b, lse_b) -> (out, lse),
 // where a and b are the attention of the same queries over two disjoint sets of keys (two
 // key chunks, two ranks of a ring, two caches). Split-KV, sequence-parallel attention and
-// users share it; every backend implements it with the same online-softmax state
-// (detail/online_softmax.hpp).
+// users share it; every backend implements it (attention_impl<Backend>::merge) with the same
+// online-softmax state (detail/online_softmax.hpp).
 #pragma once
 
 #include <string>
@@ -14,15 +14,6 @@
 
 namespace alibi {
 namespace detail {
-
-/// One specialization per backend, beside its attention_impl (the backend's merge file).
-///   template <class T> static void run(const Backend&, const partial_merge_args<T>&);
-template <class Backend, class Enable = void>
-struct partial_merge_impl {
-  static_assert(dependent_false<Backend>::value,
-                "alibi::merge_partials: no implementation of this backend is visible. Include "
-                "<alibi/alibi.hpp> for the CPU backends, <alibi/cuda.cuh> for CUDA.");
-};
 
 /// The checked arguments of a merge: outputs (batch, heads, len, dim), logsumexps
 /// (batch, heads, len); lse may be omitted (null data).
@@ -55,6 +46,21 @@ struct row_merge {
     return ((wa != 0.0f ? wa * a : 0.0f) + (wb != 0.0f ? wb * b : 0.0f)) * inv;
   }
 };
+
+/// The host merge of every row of head bh (= b * heads + h): what the host backends run,
+/// one call per head.
+template <class T>
+void merge_head_rows(const partial_merge_args<T>& a, index_t bh) {
+  const index_t H = a.out.extents[1], L = a.out.extents[2], D = a.out.extents[3];
+  const index_t b = bh / H, h = bh % H;
+  for (index_t i = 0; i < L; ++i) {
+    const row_merge r = row_merge::make(a.lse_a(b, h, i), a.lse_b(b, h, i));
+    for (index_t d = 0; d < D; ++d)
+      a.out(b, h, i, d) = static_cast<T>(r.value(static_cast<float>(a.out_a(b, h, i, d)),
+                                                 static_cast<float>(a.out_b(b, h, i, d))));
+    if (a.lse.data) a.lse(b, h, i) = r.state.lse();
+  }
+}
 
 template <class TA, class TB, class TO>
 status check_merge(const tensor_view<TA, 4>& out_a, const tensor_view<const float, 3>& lse_a,
@@ -104,7 +110,7 @@ void merge_partials(const Backend& backend, tensor_view<TA, 4> out_a,
                 "alibi::merge_partials: out_a, out_b and out must have the same element type");
   detail::check_merge(out_a, lse_a, out_b, lse_b, out, lse).throw_if_failed();
   detail::partial_merge_args<T> args{out_a, out_b, lse_a, lse_b, out, lse};
-  detail::partial_merge_impl<Backend>::run(backend, args);
+  detail::attention_impl<Backend>::merge(backend, args);
 }
 
 }  // namespace alibi

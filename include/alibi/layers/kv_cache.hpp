@@ -20,8 +20,6 @@ class multi_head_attention;
 template <class T, class Backend>
 class kv_cache {
   using ops = detail::layer_ops<Backend>;
-  template <class U>
-  using buffer = typename ops::template buffer<U>;
 
  public:
   kv_cache(const Backend& backend, index_t batch, index_t capacity, index_t kv_heads,
@@ -90,7 +88,7 @@ class kv_cache {
     for (index_t n : lengths_) m = std::max(m, n);
     return m;
   }
-  tensor_view<const T, 4> view(const buffer<T>& b, index_t length) const {
+  tensor_view<const T, 4> view(const detail::backend_buffer<Backend, T>& b, index_t length) const {
     return make_strided_view<const T, 4>(
         b.data(), {batch_, kv_heads_, length, head_dim_},
         {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
@@ -98,7 +96,7 @@ class kv_cache {
 
   Backend backend_;
   index_t batch_, capacity_, kv_heads_, head_dim_;
-  buffer<T> k_, v_;  // (batch, capacity, kv_heads, head_dim)
+  detail::backend_buffer<Backend, T> k_, v_;  // (batch, capacity, kv_heads, head_dim)
   std::vector<index_t> lengths_;
 };
 

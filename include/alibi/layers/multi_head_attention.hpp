@@ -27,8 +27,6 @@ namespace alibi {
 template <class T, class Backend>
 class multi_head_attention {
   using ops = detail::layer_ops<Backend>;
-  template <class U>
-  using buffer = typename ops::template buffer<U>;
 
  public:
   explicit multi_head_attention(mha_config config, const Backend& backend = Backend{})
@@ -131,14 +129,14 @@ class multi_head_attention {
 
   Backend backend_;
   mha_config cfg_;
-  buffer<T> wq_, wk_, wv_, wo_, bq_, bk_, bv_, bo_;
+  detail::backend_buffer<Backend, T> wq_, wk_, wv_, wo_, bq_, bk_, bv_, bo_;
   detail::parameter_table<multi_head_attention, T, Backend> params_;
   // Workspace, grown on demand: q (query rows, nq); k | v side by side (key rows, 2 nkv);
   // the attention output (query rows, nq); per-batch lengths and the key mask where the
   // attention kernel reads them.
-  buffer<T> q_, kv_, ctx_;
-  buffer<index_t> q_len_dev_, k_len_dev_;
-  buffer<bool> mask_dev_;
+  detail::backend_buffer<Backend, T> q_, kv_, ctx_;
+  detail::backend_buffer<Backend, index_t> q_len_dev_, k_len_dev_;
+  detail::backend_buffer<Backend, bool> mask_dev_;
 };
 
 template <class T, class Backend>

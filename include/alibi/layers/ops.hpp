@@ -37,10 +37,15 @@ namespace detail {
 template <class Backend, class Enable = void>
 struct layer_ops {
   static_assert(dependent_false<Backend>::value,
-                "alibi layers: no layer operations for this backend are visible. Include "
-                "<alibi/alibi.hpp> for alibi::backend::eigen and <alibi/cuda.cuh> (in a .cu "
-                "file) for alibi::backend::cuda.");
+                "alibi layers: no layer operations for this backend are visible. Include the "
+                "backend's <alibi/backend/NAME/layers.hpp> (or the umbrella <alibi/alibi.hpp> "
+                "for the CPU backends, <alibi/cuda.cuh> in a .cu file for CUDA).");
 };
+
+/// Owning storage of U in a backend's memory (what the modules keep their weights,
+/// caches and workspaces in).
+template <class Backend, class U>
+using backend_buffer = typename layer_ops<Backend>::template buffer<U>;
 
 /// The attention part of a module's configuration.
 inline const mha_config& attention_config(const mha_config& c) { return c; }

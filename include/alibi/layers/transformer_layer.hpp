@@ -21,8 +21,6 @@ namespace alibi {
 template <class T, class Backend>
 class transformer_layer {
   using ops = detail::layer_ops<Backend>;
-  template <class U>
-  using buffer = typename ops::template buffer<U>;
 
  public:
   explicit transformer_layer(layer_config config, const Backend& backend = Backend{})
@@ -98,8 +96,9 @@ class transformer_layer {
         detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, L);
     double* t_norm = opt.timings ? &opt.timings->norms : nullptr;
     double* t_ffn = opt.timings ? &opt.timings->ffn : nullptr;
-    auto norm = [&](const T* src, index_t lds, T* dst, index_t ldd, const buffer<T>& g,
-                    const buffer<T>& beta) {
+    auto norm = [&](const T* src, index_t lds, T* dst, index_t ldd,
+                    const detail::backend_buffer<Backend, T>& g,
+                    const detail::backend_buffer<Backend, T>& beta) {
       detail::timed<ops>(backend_, t_norm, [&] {
         ops::layer_norm(backend_, src, lds, dst, ldd, rows, E, g.data(), beta.data(),
                         cfg_.norm_eps);
@@ -138,9 +137,10 @@ class transformer_layer {
   Backend backend_;
   layer_config cfg_;
   multi_head_attention<T, Backend> attn_;
-  buffer<T> w1_, b1_, w2_, b2_, g1_, beta1_, g2_, beta2_;
+  detail::backend_buffer<Backend, T> w1_, b1_, w2_, b2_, g1_, beta1_, g2_, beta2_;
   detail::parameter_table<transformer_layer, T, Backend> params_;
-  buffer<T> n_, h_;  // workspace: normalized rows (rows, embed_dim); FFN hidden (rows, ff_dim)
+  detail::backend_buffer<Backend, T> n_,
+      h_;  // workspace: normalized rows (rows, embed_dim); FFN hidden (rows, ff_dim)
 };
 
 }  // namespace alibi

@@ -11,10 +11,12 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "alibi/attention.hpp"
 #include "alibi/backend/cuda/error.cuh"
 #include "alibi/backend/cuda/kernel.cuh"
+#include "alibi/backend/cuda/merge.cuh"
 
 namespace alibi {
 namespace cuda_detail {
@@ -24,26 +26,20 @@ inline constexpr bool supported_element =
     std::is_same<T, float>::value || std::is_same<T, __half>::value ||
     std::is_same<T, __nv_bfloat16>::value;
 
-/// Calls f(std::integral_constant<int, D>{}) for the head dims the kernels are built for;
-/// false for any other.
+/// The head dims the kernels are built for.
+template <int... D>
+struct head_dims {
+  /// Calls f(std::integral_constant<int, d>{}) for the one listed d == dim; false if none.
+  template <class F>
+  static bool dispatch(index_t dim, F&& f) {
+    return ((dim == D ? (f(std::integral_constant<int, D>{}), true) : false) || ...);
+  }
+};
+using kernel_head_dims = head_dims<32, 64, 96, 128>;
+
 template <class F>
 bool dispatch_head_dim(index_t d, F&& f) {
-  switch (d) {
-    case 32:
-      f(std::integral_constant<int, 32>{});
-      return true;
-    case 64:
-      f(std::integral_constant<int, 64>{});
-      return true;
-    case 96:
-      f(std::integral_constant<int, 96>{});
-      return true;
-    case 128:
-      f(std::integral_constant<int, 128>{});
-      return true;
-    default:
-      return false;
-  }
+  return kernel_head_dims::dispatch(d, std::forward<F>(f));
 }
 
 /// Multiprocessor count of the current device (a cheap host-side query: no cache, whose
@@ -275,6 +271,11 @@ struct attention_impl<backend::cuda> {
         cuda_detail::launch<TQ, decltype(dim)::value>(p, t.q, t.k, t.v, t.out, be.stream);
       });
     }
+  }
+
+  template <class T>
+  static void merge(const backend::cuda& be, const partial_merge_args<T>& a) {
+    cuda_detail::launch_partial_merge(a, be.stream);
   }
 };
 

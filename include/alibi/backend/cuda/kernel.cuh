@@ -18,8 +18,8 @@
 #include <type_traits>
 
 #include "alibi/attention.hpp"
-#include "alibi/backend/cuda/primitives.cuh"
 #include "alibi/backend/cuda/mma_layout.hpp"
+#include "alibi/backend/cuda/primitives.cuh"
 #include "alibi/detail/online_softmax.hpp"
 #include "alibi/detail/score_tile.hpp"
 
@@ -76,7 +76,7 @@ struct kernel_traits {
   static constexpr int warps = Decode ? 4 : Tuning::warps;
   static constexpr int threads = 32 * warps;
   static constexpr int min_blocks = Decode ? 2 : Tuning::min_blocks;  // resident blocks per SM
-  static constexpr int key_warps = Decode ? warps : 1;  // warps sharing the same rows
+  static constexpr int key_warps = Decode ? warps : 1;                // warps sharing the same rows
   // 16-row m tiles per warp: two let every K/V fragment loaded from shared memory feed two
   // tensor-core products (half the shared-memory traffic per flop), at the cost of twice
   // the accumulator registers.
@@ -86,10 +86,10 @@ struct kernel_traits {
   static constexpr int block_m = warp_rows * (warps / key_warps);  // packed query rows per block
   // Keys per tile: as many as the registers allow (the S tile is block_n / 8 accumulator
   // tiles per m tile), fewer for fp32 whose products come from shared memory.
-  static constexpr int block_n =
-      Decode         ? 128
-      : tensor_cores ? (D <= 64 ? (m_tiles == 1 ? 128 : 64) : Tuning::block_n_wide)
-                     : 32;
+  static constexpr int block_n = Decode ? 128
+                                 : tensor_cores
+                                     ? (D <= 64 ? (m_tiles == 1 ? 128 : 64) : Tuning::block_n_wide)
+                                     : 32;
   static constexpr int warp_keys = block_n / key_warps;  // keys of a tile per warp
   static constexpr int n_tiles = warp_keys / 8;          // 16x8 accumulator tiles of S per m tile
   static constexpr int d_tiles = D / 8;                  // 16x8 accumulator tiles of O per m tile
@@ -116,8 +116,8 @@ using score_acc = float[Tr::m_tiles][Tr::n_tiles][4];
 template <class Tr>
 using out_acc = float[Tr::m_tiles][Tr::d_tiles][4];
 template <class Tr>
-using q_fragments = std::uint32_t[Tr::q_in_regs ? Tr::m_tiles : 1]
-                                 [Tr::q_in_regs ? Tr::head_dim / 16 : 1][4];
+using q_fragments =
+    std::uint32_t[Tr::q_in_regs ? Tr::m_tiles : 1][Tr::q_in_regs ? Tr::head_dim / 16 : 1][4];
 template <class Tr>
 using row_states = softmax_state[Tr::rows_per_thread];
 template <class Tr>
@@ -214,8 +214,7 @@ __device__ void careful_row(const fwd_args<T>& a, index_t b, index_t h, index_t 
   // Divided (not multiplied by inverse_sum()): this path favours exactness over speed. A
   // row with no keys gives 0, a NaN row NaN.
 #pragma unroll
-  for (int u = 0; u < D / 32; ++u)
-    o[u] = st.l > 0.0f ? o[u] / st.l : (st.l != st.l ? st.l : 0.0f);
+  for (int u = 0; u < D / 32; ++u) o[u] = st.l > 0.0f ? o[u] / st.l : (st.l != st.l ? st.l : 0.0f);
 }
 
 /// Writes one row's result: the final output and logsumexp, or the split's partial result
@@ -277,8 +276,7 @@ template <class Tr>
 __device__ __forceinline__ void qk_tensor_cores(score_acc<Tr>& acc_s,
                                                 const typename Tr::element* s_qw,
                                                 const typename Tr::element* s_k,
-                                                const q_fragments<Tr>& q_frag, int koff,
-                                                int lane) {
+                                                const q_fragments<Tr>& q_frag, int koff, int lane) {
   using T = typename Tr::element;
   constexpr int D = Tr::head_dim, LD = Tr::ld, MI = Tr::m_tiles, NT = Tr::n_tiles;
   const detail::lane_offset qo = detail::ldsm_a(lane);
@@ -296,23 +294,16 @@ __device__ __forceinline__ void qk_tensor_cores(score_acc<Tr>& acc_s,
       }
     }
 #pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      std::uint32_t kb[4];
-      ldmatrix_x4(kb, s_k + (koff + np * 16 + ko.row) * LD + ks * 16 + ko.col);
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        mma_16816<T>(acc_s[mi][2 * np], qa[mi], kb[0], kb[1]);
-        mma_16816<T>(acc_s[mi][2 * np + 1], qa[mi], kb[2], kb[3]);
-      }
-    }
+    for (int np = 0; np < NT / 2; ++np)
+      mma_b_x4<T, false>(acc_s, np, qa, s_k + (koff + np * 16 + ko.row) * LD + ks * 16 + ko.col);
   }
 }
 
 /// S += Q K^T with fp32 FMA (float; one m tile, one key warp), in the accumulator layout
 /// of the tensor-core path.
 template <class Tr>
-__device__ __forceinline__ void qk_fma(score_acc<Tr>& acc_s, const float* s_qw,
-                                       const float* s_k, int lane) {
+__device__ __forceinline__ void qk_fma(score_acc<Tr>& acc_s, const float* s_qw, const float* s_k,
+                                       int lane) {
   constexpr int D = Tr::head_dim, LD = Tr::ld, NT = Tr::n_tiles;
   const int tq = lane % 4;
   const float* q0 = s_qw + (lane / 4) * LD;
@@ -337,8 +328,7 @@ template <class Tr>
 __device__ __forceinline__ void compute_scores(score_acc<Tr>& acc_s,
                                                const typename Tr::element* s_qw,
                                                const typename Tr::element* s_k,
-                                               const q_fragments<Tr>& q_frag, int koff,
-                                               int lane) {
+                                               const q_fragments<Tr>& q_frag, int koff, int lane) {
 #pragma unroll
   for (int mi = 0; mi < Tr::m_tiles; ++mi)
 #pragma unroll
@@ -398,9 +388,8 @@ __device__ __forceinline__ tile_class classify_tile(const row_frames<Tr>& fr, st
 ///    flags (0 or -inf per key) when has_key_mask.
 /// Side: the distance form (classify_tile); it must be valid for every row of the warp.
 template <class Tr, key_side Side>
-__device__ __forceinline__ void apply_bias_and_masks(score_acc<Tr>& acc_s,
-                                                     const row_frames<Tr>& fr, std::int32_t j0,
-                                                     int col0, float scale_l2,
+__device__ __forceinline__ void apply_bias_and_masks(score_acc<Tr>& acc_s, const row_frames<Tr>& fr,
+                                                     std::int32_t j0, int col0, float scale_l2,
                                                      const row_values<Tr>& neg_slope_l2,
                                                      bool masked, bool has_key_mask,
                                                      const float* s_flags) {
@@ -439,14 +428,14 @@ __device__ __forceinline__ void bias_and_masks(score_acc<Tr>& acc_s, const row_f
                                                bool has_key_mask, const float* s_flags) {
   const tile_class tc = classify_tile<Tr>(fr, j0, has_key_mask);
   if (tc.side == key_side::left)
-    apply_bias_and_masks<Tr, key_side::left>(acc_s, fr, j0, col0, scale_l2, neg_slope_l2,
-                                             tc.masked, has_key_mask, s_flags);
+    apply_bias_and_masks<Tr, key_side::left>(acc_s, fr, j0, col0, scale_l2, neg_slope_l2, tc.masked,
+                                             has_key_mask, s_flags);
   else if (tc.side == key_side::right)
     apply_bias_and_masks<Tr, key_side::right>(acc_s, fr, j0, col0, scale_l2, neg_slope_l2,
                                               tc.masked, has_key_mask, s_flags);
   else
-    apply_bias_and_masks<Tr, key_side::both>(acc_s, fr, j0, col0, scale_l2, neg_slope_l2,
-                                             tc.masked, has_key_mask, s_flags);
+    apply_bias_and_masks<Tr, key_side::both>(acc_s, fr, j0, col0, scale_l2, neg_slope_l2, tc.masked,
+                                             has_key_mask, s_flags);
 }
 
 /// The online softmax of one tile: per row, the tile maximum over the quad (fmaxf, which
@@ -509,15 +498,8 @@ __device__ __forceinline__ void pv_tensor_cores(out_acc<Tr>& acc_o, const score_
       pa[mi][3] = elem<T>::pack(acc_s[mi][2 * kk + 1][2], acc_s[mi][2 * kk + 1][3]);
     }
 #pragma unroll
-    for (int dp = 0; dp < DT / 2; ++dp) {
-      std::uint32_t vb[4];
-      ldmatrix_x4_trans(vb, s_v + (koff + kk * 16 + vo.row) * LD + dp * 16 + vo.col);
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        mma_16816<T>(acc_o[mi][2 * dp], pa[mi], vb[0], vb[1]);
-        mma_16816<T>(acc_o[mi][2 * dp + 1], pa[mi], vb[2], vb[3]);
-      }
-    }
+    for (int dp = 0; dp < DT / 2; ++dp)
+      mma_b_x4<T, true>(acc_o, dp, pa, s_v + (koff + kk * 16 + vo.row) * LD + dp * 16 + vo.col);
   }
 }
 
@@ -579,8 +561,8 @@ __device__ __forceinline__ void sum_over_quads(row_states<Tr>& st) {
 /// (the K buffers, free once every warp passed the main loop's last barrier). Block-wide
 /// (every thread calls it). Returns whether this warp holds the merged rows.
 template <class Tr>
-__device__ __forceinline__ bool merge_key_warps(row_states<Tr>& st, out_acc<Tr>& acc_o,
-                                                float* red, bool no_tiles) {
+__device__ __forceinline__ bool merge_key_warps(row_states<Tr>& st, out_acc<Tr>& acc_o, float* red,
+                                                bool no_tiles) {
   constexpr int KW = Tr::key_warps, D = Tr::head_dim, DT = Tr::d_tiles;
   static_assert(Tr::m_tiles == 1, "key warps share one m tile");
   const int lane = threadIdx.x % 32, tq = lane % 4, w = (threadIdx.x / 32) % KW;
@@ -655,8 +637,7 @@ template <class Tr>
 __device__ __forceinline__ void finish_rows(const fwd_args<typename Tr::element>& a,
                                             const row_writer<typename Tr::element>& writer,
                                             row_states<Tr>& st, out_acc<Tr>& acc_o,
-                                            const warp_row_map& rows, float* red,
-                                            bool no_tiles) {
+                                            const warp_row_map& rows, float* red, bool no_tiles) {
   using T = typename Tr::element;
   constexpr int D = Tr::head_dim, R = Tr::rows_per_thread;
   const attention_problem& p = a.p;
@@ -839,8 +820,8 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
     score_acc<Tr> acc_s;
     compute_scores<Tr>(acc_s, s_qw, s_k, q_frag, koff, lane);  // S = Q K^T
     bias_and_masks<Tr>(acc_s, fr, j0, koff + 2 * tq, scale_l2, neg_slope_l2, has_key_mask,
-                       s_flags);                                // base-2 scores, -inf masked
-    softmax_tile<Tr>(acc_s, acc_o, st);                         // P, row states, O rescaled
+                       s_flags);         // base-2 scores, -inf masked
+    softmax_tile<Tr>(acc_s, acc_o, st);  // P, row states, O rescaled
     accumulate_pv<Tr>(acc_o, acc_s, s_v, s_p + wrow * WR * Tr::p_ld, koff, lane);  // O += P V
     __syncthreads();  // every warp is done with buffer t % 2 before it is refilled
   }
@@ -880,7 +861,8 @@ __global__ void __launch_bounds__(128) merge_kernel(const fwd_args<T> a) {
   }
   const float inv = st.inverse_sum();
 #pragma unroll
-  for (int u = 0; u < D / 32; ++u) a.out(b, h, i, lane + 32 * u) = elem<T>::from_float(acc[u] * inv);
+  for (int u = 0; u < D / 32; ++u)
+    a.out(b, h, i, lane + 32 * u) = elem<T>::from_float(acc[u] * inv);
   if (lane == 0 && p.lse.data) {
     const row_frame f = detail::make_row_frame(p, b, h, i);
     p.lse(b, h, i) = st.lse(-f.slope * static_cast<float>(f.shift));

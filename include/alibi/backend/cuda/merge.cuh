@@ -29,22 +29,16 @@ __global__ void __launch_bounds__(256) partial_merge_kernel(const detail::partia
   }
 }
 
+/// Queues the merge on `stream`.
+template <class T>
+void launch_partial_merge(const detail::partial_merge_args<T>& a, cudaStream_t stream) {
+  const index_t rows = a.out.extents[0] * a.out.extents[1] * a.out.extents[2];
+  if (rows == 0 || a.out.extents[3] == 0) return;
+  const index_t blocks = (rows + 255) / 256;
+  partial_merge_kernel<T>
+      <<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0, stream>>>(a);
+  check(cudaGetLastError(), "merge_partials kernel launch");
+}
+
 }  // namespace cuda_detail
-
-namespace detail {
-
-template <>
-struct partial_merge_impl<backend::cuda> {
-  template <class T>
-  static void run(const backend::cuda& be, const partial_merge_args<T>& a) {
-    const index_t rows = a.out.extents[0] * a.out.extents[1] * a.out.extents[2];
-    if (rows == 0 || a.out.extents[3] == 0) return;
-    const index_t blocks = (rows + 255) / 256;
-    cuda_detail::partial_merge_kernel<T>
-        <<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0, be.stream>>>(a);
-    cuda_detail::check(cudaGetLastError(), "merge_partials kernel launch");
-  }
-};
-
-}  // namespace detail
 }  // namespace alibi

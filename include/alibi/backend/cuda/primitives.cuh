@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace alibi {
 namespace cuda_detail {
@@ -72,29 +73,51 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
                : "r"(smem_address(smem)));
 }
 
-/// c += a b for a 16x16 A (row-major), a 16x8 B (column-major) and a 16x8 fp32 C.
+/// c += a b for a 16x16 A (row-major), a 16x8 B (column-major) and a 16x8 fp32 C, with
+/// half or bfloat16 inputs (PTX ISA: "Warp-level matrix multiply-accumulate instructions",
+/// mma.sync.aligned.m16n8k16).
 template <class T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4],
-                                          std::uint32_t b0, std::uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const std::uint32_t (&a)[4],
-                                                  std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+                                          std::uint32_t b0, std::uint32_t b1) {
+  static_assert(std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value,
+                "tensor-core products take __half or __nv_bfloat16");
+  if constexpr (std::is_same<T, __half>::value)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const std::uint32_t (&a)[4],
-                                                         std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+/// Two products sharing the A fragment, with the two B fragments of one ldmatrix x4:
+/// c0 += a (b[0], b[1]) and c1 += a (b[2], b[3]).
+template <class T>
+__device__ __forceinline__ void mma_16816_x2(float (&c0)[4], float (&c1)[4],
+                                             const std::uint32_t (&a)[4],
+                                             const std::uint32_t (&b)[4]) {
+  mma_16816<T>(c0, a, b[0], b[1]);
+  mma_16816<T>(c1, a, b[2], b[3]);
+}
+
+/// For every m tile mi: acc[mi][2 n] and acc[mi][2 n + 1] += a[mi] times the two 8-column
+/// B fragments that one ldmatrix x4 (transposed: Trans) loads from b_smem. The step shared
+/// by S = Q K^T (K rows, not transposed) and O += P V (V rows, transposed).
+template <class T, bool Trans, int MI, int N>
+__device__ __forceinline__ void mma_b_x4(float (&acc)[MI][N][4], int n,
+                                         const std::uint32_t (&a)[MI][4], const T* b_smem) {
+  std::uint32_t b[4];
+  if constexpr (Trans)
+    ldmatrix_x4_trans(b, b_smem);
+  else
+    ldmatrix_x4(b, b_smem);
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) mma_16816_x2<T>(acc[mi][2 * n], acc[mi][2 * n + 1], a[mi], b);
 }
 
 }  // namespace cuda_detail

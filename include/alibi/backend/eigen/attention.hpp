@@ -19,6 +19,7 @@
 #include "alibi/backend/eigen/workspace.hpp"
 #include "alibi/detail/far_tiles.hpp"
 #include "alibi/detail/online_softmax.hpp"
+#include "alibi/merge.hpp"
 
 namespace alibi {
 namespace detail {
@@ -599,6 +600,12 @@ struct attention_impl<backend::eigen> {
     if constexpr (std::is_same<TQ, float>::value && std::is_same<TKV, float>::value &&
                   std::is_same<TO, float>::value)
       cpu::run(be.threads, p, t.q, t.k, t.v, t.out);
+  }
+
+  template <class T>
+  static void merge(const backend::eigen& be, const partial_merge_args<T>& a) {
+    parallel_for(resolve_threads(be.threads), a.out.extents[0] * a.out.extents[1],
+                 [&](index_t bh) { merge_head_rows(a, bh); });
   }
 };
 

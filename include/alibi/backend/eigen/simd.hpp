@@ -39,7 +39,7 @@ inline namespace ALIBI_CPU_ISA {
 #pragma GCC diagnostic ignored "-Wignored-attributes"
 #endif
 using packet = Eigen::internal::packet_traits<float>::type;
-constexpr int lanes = Eigen::internal::unpacket_traits<packet>::size;
+inline constexpr int lanes = Eigen::internal::unpacket_traits<packet>::size;
 
 /// Rows rounded up to whole packets.
 inline index_t packet_rows(index_t m) { return (m + lanes - 1) / lanes * lanes; }

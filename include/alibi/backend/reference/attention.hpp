@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "alibi/attention.hpp"
+#include "alibi/merge.hpp"
 
 namespace alibi {
 namespace detail {
@@ -31,6 +32,11 @@ struct attention_impl<backend::reference> {
     if constexpr (std::is_floating_point<TQ>::value && std::is_floating_point<TKV>::value &&
                   std::is_floating_point<TO>::value)
       compute(p, t.q, t.k, t.v, t.out);
+  }
+
+  template <class T>
+  static void merge(const backend::reference&, const partial_merge_args<T>& a) {
+    for (index_t bh = 0; bh < a.out.extents[0] * a.out.extents[1]; ++bh) merge_head_rows(a, bh);
   }
 
   template <class TQ, class TKV, class TO>
