@@ -97,7 +97,10 @@ struct softmax_state {
     const float m_new = max_keep_nan(m, tile_max);
     softmax_step s;
     s.ref = m_new == neg_inf_f() ? 0.0f : m_new;
-    s.factor = exp2_flush(m - s.ref);
+    // Nearest tiles come first, so the maximum rarely moves after the first tiles: then the
+    // factor is exactly 1 without an exponential (on the CPU a library call per row and
+    // tile).
+    s.factor = m_new == m && m != neg_inf_f() ? 1.0f : exp2_flush(m - s.ref);
     m = m_new;
     return s;
   }
