@@ -13,36 +13,15 @@
 #include <catch2/catch.hpp>
 
 #include <alibi/alibi.hpp>
+
 #include <alibi/backend/eigen/parallel.hpp>
+#include "call_fixture.hpp"
 
 using alibi::index_t;
 using Catch::Contains;
 
-namespace {
-
-struct fixture {
-  std::vector<float> qb, kb, vb, ob;
-  alibi::tensor_view<float, 4> q, k, v, out;
-  fixture(index_t b = 2, index_t hq = 4, index_t hkv = 2, index_t lq = 5, index_t lk = 7,
-          index_t d = 8)
-      : qb(static_cast<std::size_t>(b * hq * lq * d) + 1, 0.5f),
-        kb(static_cast<std::size_t>(b * hkv * lk * d) + 1, 0.5f),
-        vb(static_cast<std::size_t>(b * hkv * lk * d) + 1, 0.5f),
-        ob(static_cast<std::size_t>(b * hq * lq * d) + 1) {
-    q = alibi::make_view(qb.data(), b, hq, lq, d);
-    k = alibi::make_view(kb.data(), b, hkv, lk, d);
-    v = alibi::make_view(vb.data(), b, hkv, lk, d);
-    out = alibi::make_view(ob.data(), b, hq, lq, d);
-  }
-};
-
-template <class Backend>
-std::string message_of(const Backend& be, const fixture& f, const alibi::attention_params& p = {}) {
-  const alibi::status s = alibi::can_implement(be, f.q, f.k, f.v, f.out, p);
-  return s.ok() ? std::string("ok") : s.message();
-}
-
-}  // namespace
+using fixture = alibi_test::call_fixture;
+using alibi_test::message_of;
 
 TEST_CASE("defects: zero query heads with zero kv heads is an empty problem", "[defects]") {
   fixture f(2, 0, 0, 3, 5, 8);
@@ -199,13 +178,7 @@ TEST_CASE("defects: one shared pool for every thread count", "[defects]") {
 
 TEST_CASE("defects: safetensors byte sizes that wrap are refused", "[defects]") {
   using alibi::safetensors;
-  auto with_header = [](const std::string& h, std::size_t data_bytes) {
-    std::vector<unsigned char> raw(8 + h.size() + data_bytes, 0);
-    raw[0] = static_cast<unsigned char>(h.size() & 0xFF);
-    raw[1] = static_cast<unsigned char>(h.size() >> 8);
-    std::copy(h.begin(), h.end(), raw.begin() + 8);
-    return raw;
-  };
+  const auto with_header = alibi_test::safetensors_bytes;
   // 2^31 * 2^31 elements * 4 bytes = 2^64 bytes, which wrapped to 0 = end - begin.
   REQUIRE_THROWS_WITH(
       safetensors::parse(

@@ -15,6 +15,7 @@
 
 #include <alibi/alibi.hpp>
 
+#include "call_fixture.hpp"
 #include "layer_reference.hpp"
 
 namespace {
@@ -550,13 +551,7 @@ TEST_CASE("safetensors: round trip, dtypes, metadata and loading modules",
 
 TEST_CASE("safetensors: corrupt files are clear errors", "[layers][safetensors][errors]") {
   using alibi::safetensors;
-  auto with_header = [](const std::string& h, std::size_t data_bytes) {
-    std::vector<unsigned char> raw(8 + h.size() + data_bytes, 0);
-    raw[0] = static_cast<unsigned char>(h.size() & 0xFF);
-    raw[1] = static_cast<unsigned char>(h.size() >> 8);
-    std::copy(h.begin(), h.end(), raw.begin() + 8);
-    return raw;
-  };
+  const auto with_header = alibi_test::safetensors_bytes;
   REQUIRE_THROWS_WITH(safetensors::parse({1, 2, 3}),
                       Catch::Contains("shorter than its 8-byte header length"));
   REQUIRE_THROWS_WITH(safetensors::parse({200, 0, 0, 0, 0, 0, 0, 0, '{', '}'}),

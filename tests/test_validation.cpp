@@ -9,34 +9,13 @@
 
 #include <alibi/alibi.hpp>
 
+#include "call_fixture.hpp"
+
 using alibi::index_t;
 using Catch::Contains;
 
-namespace {
-
-struct fixture {
-  std::vector<float> qb, kb, vb, ob;
-  alibi::tensor_view<float, 4> q, k, v, out;
-  fixture(index_t b = 2, index_t hq = 4, index_t hkv = 2, index_t lq = 5, index_t lk = 7,
-          index_t d = 8)
-      : qb(static_cast<std::size_t>(b * hq * lq * d), 0.5f),
-        kb(static_cast<std::size_t>(b * hkv * lk * d), 0.5f),
-        vb(static_cast<std::size_t>(b * hkv * lk * d), 0.5f),
-        ob(static_cast<std::size_t>(b * hq * lq * d)) {
-    q = alibi::make_view(qb.data(), b, hq, lq, d);
-    k = alibi::make_view(kb.data(), b, hkv, lk, d);
-    v = alibi::make_view(vb.data(), b, hkv, lk, d);
-    out = alibi::make_view(ob.data(), b, hq, lq, d);
-  }
-};
-
-template <class Backend>
-std::string message_of(const Backend& be, const fixture& f, const alibi::attention_params& p = {}) {
-  const alibi::status s = alibi::can_implement(be, f.q, f.k, f.v, f.out, p);
-  return s.ok() ? std::string("ok") : s.message();
-}
-
-}  // namespace
+using fixture = alibi_test::call_fixture;
+using alibi_test::message_of;
 
 TEST_CASE("a valid call passes the check", "[validation]") {
   fixture f;
