@@ -79,7 +79,7 @@ struct item_rows {
   index_t qo = 0, ko = 0;  // positions of query row 0 and of key 0
   index_t ub = 0, ue = 0;  // union of the rows' key ranges within [kb, ke)
   float slope = 0.0f;
-  float scale2 = 0.0f, neg_slope2 = 0.0f;  // scale and -slope in base-2 units
+  float scale2 = 0.0f, slope2 = 0.0f, neg_slope2 = 0.0f;  // scale, slope, -slope in base 2
 };
 
 /// Resolves each row's allowed keys within [kb, ke), its distance shift, and resets its
@@ -97,7 +97,8 @@ inline item_rows prepare_rows(const attention_problem& p, index_t b, index_t h, 
   it.ko = p.k_offset(b);
   it.slope = p.slope(b, h);
   it.scale2 = p.scale * log2e_f;
-  it.neg_slope2 = -it.slope * log2e_f;
+  it.slope2 = it.slope * log2e_f;
+  it.neg_slope2 = -it.slope2;
   it.ub = ke;
   it.ue = kb;
   for (index_t r = 0; r < n; ++r) {
@@ -192,7 +193,7 @@ inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm,
 
   if (dmax >= (index_t(1) << 24)) {
     score_tile_far(s, tile.by_rows ? tile.lds : 1, tile.by_rows ? 1 : tile.lds, g, it.scale2,
-                   it.slope * log2e_f, q0 + ra, it.ko + j0, ws.shift.data() + ra, mx);
+                   it.slope2, q0 + ra, it.ko + j0, ws.shift.data() + ra, mx);
   } else if (!tile.by_rows) {
     score_tile(s, tile.lds, g, it.scale2, it.neg_slope2, mx);
   } else {
@@ -364,7 +365,7 @@ inline void finish_rows(const item_rows& it, const workspace& ws, const cols_map
   for (index_t r = 0; r < it.n; ++r) {
     const softmax_state& st = ws.state[r];
     Eigen::Map<Eigen::RowVectorXf> orow(sink.out.ptr(it.b, it.h, it.i0 + r), dv);
-    // A row with no allowed key gives 0, never 0/0 (inverse_sum() is 0 there).
+    // A row with no allowed key (l = 0) gives 0, never 0/0; a NaN sum reaches the row.
     if (st.l > 0.0f || st.l != st.l)
       orow = o.row(r) / st.l;
     else

@@ -14,8 +14,8 @@
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "alibi/backend/eigen/attention.hpp"
-#include "alibi/backend/reference/attention.hpp"
 #include "alibi/backend/eigen/parallel.hpp"
+#include "alibi/backend/reference/attention.hpp"
 #include "alibi/layers/ops.hpp"
 
 namespace alibi {

@@ -59,11 +59,6 @@ class aligned_buffer {
     size_ = n;
     std::fill(data_, data_ + n, fill);
   }
-  /// Exactly n elements, all set to `value` (reusing the storage when it is large enough).
-  void assign(std::size_t n, T value) {
-    reserve(n, value);
-    std::fill(data_, data_ + n, value);
-  }
   T* data() { return data_; }
   const T* data() const { return data_; }
   std::size_t size() const { return size_; }
