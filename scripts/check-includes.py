@@ -14,7 +14,7 @@ LAYERS = [
     (1, [r"alibi/(slopes|bias)\.hpp"]),
     (2, [r"alibi/problem\.hpp"]),
     (3, [r"alibi/detail/.*"]),
-    (4, [r"alibi/(attention|merge|bias_matrix|eigen|safetensors)\.hpp",
+    (4, [r"alibi/(attention|attention_backward|merge|bias_matrix|eigen|safetensors)\.hpp",
          r"alibi/layers/(config|ops)\.hpp"]),
     (5, [r"alibi/backend/(reference|eigen|cuda)/.*"]),
     (6, [r"alibi/layers/.*"]),

@@ -1,0 +1,529 @@
+// SPDX-License-Identifier: MIT
+// The backward pass: the reference backward against finite differences of the reference
+// forward (double), the fused CPU backward against the reference backward on the shared case
+// grid (NaN-filled padding, guard elements, the tolerance rule), thread-count independence,
+// far-tile skipping, dslopes, and argument errors.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <alibi/backend/eigen/attention_backward.hpp>
+#include <alibi/backend/reference/attention_backward.hpp>
+
+#include "backends.hpp"
+#include "common.hpp"
+
+using alibi::index_t;
+using alibi_test::case_spec;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Finite differences (double).
+
+/// A small problem in double precision, dense (batch, heads, seq, dim).
+struct fd_problem {
+  index_t B = 2, Hq = 4, Hkv = 2, Lq = 5, Lk = 7, D = 3, Dv = 2;
+  std::vector<double> q, k, v, dout;
+  std::vector<float> slopes;  // (slope_rows, Hq), multiples of 2^-11 (see dslopes below)
+  index_t slope_rows = 0;
+  alibi::attention_params params;
+  std::vector<index_t> q_lengths, k_lengths, q_offsets, k_offsets;
+  std::vector<char> key_mask;
+
+  void init(std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> randn(0.0, 1.0);
+    auto fill = [&](std::vector<double>& x, index_t n) {
+      x.resize(static_cast<std::size_t>(n));
+      for (double& e : x) e = randn(rng);
+    };
+    fill(q, B * Hq * Lq * D);
+    fill(k, B * Hkv * Lk * D);
+    fill(v, B * Hkv * Lk * Dv);
+    fill(dout, B * Hq * Lq * Dv);
+    if (slope_rows > 0) {
+      std::uniform_int_distribution<int> u(0, 1200);
+      slopes.resize(static_cast<std::size_t>(slope_rows * Hq));
+      for (float& s : slopes) s = static_cast<float>(u(rng)) / 2048.0f;
+      params.slopes = slope_rows == 1 ? alibi::slope_config::per_head(slopes.data(), Hq)
+                                      : alibi::slope_config::per_batch_head(slopes.data(), B, Hq);
+    }
+  }
+
+  /// loss = sum(out * dout), so that d loss / d out = dout.
+  double loss() {
+    std::vector<double> out(static_cast<std::size_t>(B * Hq * Lq * Dv));
+    alibi::attention(alibi::backend::reference{}, alibi::make_view(q.data(), B, Hq, Lq, D),
+                     alibi::make_view(k.data(), B, Hkv, Lk, D),
+                     alibi::make_view(v.data(), B, Hkv, Lk, Dv),
+                     alibi::make_view(out.data(), B, Hq, Lq, Dv), params);
+    double l = 0;
+    for (std::size_t e = 0; e < out.size(); ++e) l += out[e] * dout[e];
+    return l;
+  }
+};
+
+/// Richardson-extrapolated central difference of f at x (error O(h^4)).
+double derivative(const std::function<double(double)>& f, double x, double h) {
+  const double d1 = (f(x + h) - f(x - h)) / (2 * h);
+  const double d2 = (f(x + h / 2) - f(x - h / 2)) / h;
+  return (4 * d2 - d1) / 3;
+}
+
+/// max |a - b| / max(max |b|, 1e-12).
+double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double err = 0, scale = 1e-12;
+  for (std::size_t e = 0; e < a.size(); ++e) {
+    err = std::max(err, std::abs(a[e] - b[e]));
+    scale = std::max(scale, std::abs(b[e]));
+  }
+  return err / scale;
+}
+
+void check_finite_differences(fd_problem& pr) {
+  std::vector<double> dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size()), o(pr.dout.size());
+  std::vector<float> lse(static_cast<std::size_t>(pr.B * pr.Hq * pr.Lq));
+  std::vector<float> dslopes(static_cast<std::size_t>(std::max<index_t>(pr.slope_rows, 1) * pr.Hq),
+                             1e30f);
+  auto qv = alibi::make_view(pr.q.data(), pr.B, pr.Hq, pr.Lq, pr.D);
+  auto kv = alibi::make_view(pr.k.data(), pr.B, pr.Hkv, pr.Lk, pr.D);
+  auto vv = alibi::make_view(pr.v.data(), pr.B, pr.Hkv, pr.Lk, pr.Dv);
+  auto ov = alibi::make_view(o.data(), pr.B, pr.Hq, pr.Lq, pr.Dv);
+  alibi::attention_params p = pr.params;
+  p.logsumexp = alibi::make_view(lse.data(), pr.B, pr.Hq, pr.Lq);
+  alibi::attention(alibi::backend::reference{}, qv, kv, vv, ov, p);
+  alibi::tensor_view<float, 2> dsv{};
+  if (pr.slope_rows > 0) dsv = alibi::make_view(dslopes.data(), pr.slope_rows, pr.Hq);
+  alibi::attention_backward(alibi::backend::reference{}, qv, kv, vv, ov,
+                            alibi::make_view(pr.dout.data(), pr.B, pr.Hq, pr.Lq, pr.Dv),
+                            p.logsumexp, alibi::make_view(dq.data(), pr.B, pr.Hq, pr.Lq, pr.D),
+                            alibi::make_view(dk.data(), pr.B, pr.Hkv, pr.Lk, pr.D),
+                            alibi::make_view(dv.data(), pr.B, pr.Hkv, pr.Lk, pr.Dv), p, dsv);
+  auto numeric = [&](std::vector<double>& x) {
+    std::vector<double> g(x.size());
+    for (std::size_t e = 0; e < x.size(); ++e) {
+      const double saved = x[e];
+      g[e] = derivative(
+          [&](double val) {
+            x[e] = val;
+            return pr.loss();
+          },
+          saved, 1e-3);
+      x[e] = saved;
+    }
+    return g;
+  };
+  CHECK(rel_error(dq, numeric(pr.q)) < 1e-6);
+  CHECK(rel_error(dk, numeric(pr.k)) < 1e-6);
+  CHECK(rel_error(dv, numeric(pr.v)) < 1e-6);
+  if (pr.slope_rows > 0) {
+    // Slopes are floats: a step of 2^-11 and 2^-12 around a multiple of 2^-11 is exact.
+    std::vector<double> got(dslopes.begin(), dslopes.end()), want(dslopes.size());
+    for (std::size_t e = 0; e < pr.slopes.size(); ++e) {
+      const float saved = pr.slopes[e];
+      want[e] = derivative(
+          [&](double val) {
+            pr.slopes[e] = static_cast<float>(val);
+            return pr.loss();
+          },
+          saved, 1.0 / 2048);
+      pr.slopes[e] = saved;
+    }
+    // dslopes is float (the slopes' type): relative to its scale, float rounding.
+    CHECK(rel_error(got, want) < 1e-6);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("reference backward matches finite differences", "[backward][reference]") {
+  struct variant {
+    const char* name;
+    std::function<void(fd_problem&)> setup;
+  };
+  const variant variants[] = {
+      {"no mask, GQA 4/2", [](fd_problem&) {}},
+      {"causal, MQA",
+       [](fd_problem& p) {
+         p.Hkv = 1;
+         p.params.mask.causal = true;
+       }},
+      {"window, q_len > k_len",
+       [](fd_problem& p) {
+         p.Lq = 8;
+         p.Lk = 4;
+         p.params.mask.window_left = 2;
+         p.params.mask.window_right = 1;
+       }},
+      {"lengths (one entry without keys), causal",
+       [](fd_problem& p) {
+         p.B = 3;
+         p.params.mask.causal = true;
+         p.q_lengths = {5, 3, 0};
+         p.k_lengths = {7, 0, 4};
+       }},
+      {"offsets and key mask",
+       [](fd_problem& p) {
+         p.q_offsets = {100, 3};
+         p.k_offsets = {97, 0};
+         p.key_mask = {0, 1, 0, 0, 1, 0, 0, /**/ 1, 1, 1, 1, 1, 1, 1};
+       }},
+      {"caller slopes per head, dslopes", [](fd_problem& p) { p.slope_rows = 1; }},
+      {"caller slopes per batch and head, causal window, dslopes",
+       [](fd_problem& p) {
+         p.slope_rows = 2;
+         p.params.mask.causal = true;
+         p.params.mask.window_left = 3;
+       }},
+      {"scale 0.7, no ALiBi",
+       [](fd_problem& p) {
+         p.params.scale = 0.7f;
+         p.params.slopes = alibi::slope_config::none();
+       }},
+  };
+  std::uint64_t seed = 7;
+  for (const variant& var : variants) {
+    INFO(var.name);
+    fd_problem p;
+    var.setup(p);
+    if (!p.q_lengths.empty()) {
+      p.params.q_lengths = alibi::make_view<const index_t>(p.q_lengths.data(), p.B);
+      p.params.k_lengths = alibi::make_view<const index_t>(p.k_lengths.data(), p.B);
+    }
+    if (!p.q_offsets.empty()) {
+      p.params.q_offsets = alibi::make_view<const index_t>(p.q_offsets.data(), p.B);
+      p.params.k_offsets = alibi::make_view<const index_t>(p.k_offsets.data(), p.B);
+    }
+    if (!p.key_mask.empty())
+      p.params.key_mask =
+          alibi::make_view<const bool>(reinterpret_cast<const bool*>(p.key_mask.data()), p.B, p.Lk);
+    p.init(seed++);
+    check_finite_differences(p);
+  }
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// The fused backward against the reference backward.
+
+/// The gradients of one backend on one case, in padded tensors (NaN or a sentinel outside).
+struct grads {
+  alibi_test::padded_tensor<float> dq, dk, dv;
+  std::vector<float> dslopes;
+  grads(const case_spec& s, float fill)
+      : dq(s.batch, s.hq, s.lq, s.d, s.bshd, fill),
+        dk(s.batch, s.hkv, s.lk, s.d, s.bshd, fill),
+        dv(s.batch, s.hkv, s.lk, s.v_dim(), s.bshd, fill),
+        dslopes(static_cast<std::size_t>(s.batch * s.hq + 1), fill) {}
+};
+
+/// Everything a backward call on one case needs: the case's inputs (NaN padding), the
+/// forward's out and logsumexp from the fused forward, and dout (NaN on padded rows).
+struct backward_case {
+  alibi_test::case_data c;
+  alibi_test::padded_tensor<float> out, dout;
+  std::vector<float> lse;
+  alibi::attention_params params;
+  bool with_dslopes = false;
+
+  explicit backward_case(const case_spec& s)
+      : c(s),
+        out(s.batch, s.hq, s.lq, s.v_dim(), s.bshd, alibi_test::nan_f),
+        dout(s.batch, s.hq, s.lq, s.v_dim(), s.bshd, alibi_test::nan_f),
+        lse(static_cast<std::size_t>(s.batch * s.hq * s.lq)) {
+    params = c.params;
+    params.logsumexp = alibi::make_view(lse.data(), s.batch, s.hq, s.lq);
+    alibi::attention(alibi::backend::eigen{2}, c.q.view, c.k.view, c.v.view, out.view, params);
+    std::mt19937_64 rng(s.seed + 1000);
+    std::normal_distribution<float> randn(0.0f, 1.0f);
+    dout.for_each([&](float& x, index_t b, index_t, index_t i, index_t) {
+      const bool padded = !c.q_lengths.empty() && i >= c.q_lengths[static_cast<std::size_t>(b)];
+      x = padded ? alibi_test::nan_f : randn(rng);  // padded rows' dout is never read
+    });
+    with_dslopes = !s.no_alibi;
+  }
+
+  template <class Backend>
+  void run(const Backend& be, grads& g, bool skip = true, alibi::attention_stats* stats = nullptr) {
+    alibi::attention_params p = params;
+    p.skip_far_tiles = skip;
+    p.stats = stats;
+    const index_t rows = c.spec.caller_slopes ? c.spec.batch : 1;
+    alibi::tensor_view<float, 2> ds{};
+    if (with_dslopes) ds = alibi::make_view(g.dslopes.data(), rows, c.spec.hq);
+    alibi::attention_backward(be, c.q.view, c.k.view, c.v.view, out.view, dout.view, p.logsumexp,
+                              g.dq.view, g.dk.view, g.dv.view, p, ds);
+  }
+};
+
+/// The reference gradients in double plus the naive fp32 backward's error and the size of
+/// the terms each gradient sums (for the rounding floor).
+struct backward_oracle {
+  std::vector<double> dq, dk, dv, dslopes;  // dense
+  std::vector<double> dq_terms, dk_terms, dv_terms, dslope_terms;
+  double naive_dq = 0, naive_dk = 0, naive_dv = 0, naive_dslopes = 0;
+  double score_scale = 0;
+};
+
+/// The seeds' algorithm differentiated in fp32 (float scores, softmax and sums): the
+/// precision a straightforward fp32 backward achieves, which sets the tolerance.
+backward_oracle make_oracle(backward_case& bc) {
+  const case_spec& s = bc.c.spec;
+  backward_oracle o;
+  const index_t nq = s.batch * s.hq * s.lq * s.d, nk = s.batch * s.hkv * s.lk * s.d;
+  const index_t nv = s.batch * s.hkv * s.lk * s.v_dim();
+  const index_t rows = s.caller_slopes ? s.batch : 1;
+  o.dq.assign(static_cast<std::size_t>(nq), 0);
+  o.dk.assign(static_cast<std::size_t>(nk), 0);
+  o.dv.assign(static_cast<std::size_t>(nv), 0);
+  o.dslopes.assign(static_cast<std::size_t>(rows * s.hq), 0);
+  alibi::tensor_view<double, 2> dsv{};
+  std::vector<float> dsf(o.dslopes.size());
+  alibi::tensor_view<float, 2> dsfv{};
+  if (bc.with_dslopes) dsfv = alibi::make_view(dsf.data(), rows, s.hq);
+  alibi::attention_backward(
+      alibi::backend::reference{}, bc.c.q.view, bc.c.k.view, bc.c.v.view, bc.out.view, bc.dout.view,
+      bc.params.logsumexp, alibi::make_view(o.dq.data(), s.batch, s.hq, s.lq, s.d),
+      alibi::make_view(o.dk.data(), s.batch, s.hkv, s.lk, s.d),
+      alibi::make_view(o.dv.data(), s.batch, s.hkv, s.lk, s.v_dim()), bc.params, dsfv);
+  (void)dsv;
+  for (std::size_t e = 0; e < dsf.size(); ++e) o.dslopes[e] = dsf[e];
+
+  // The naive fp32 backward, with the absolute terms of each sum in double.
+  alibi::detail::attention_problem p;
+  alibi::detail::make_problem(bc.c.q.view, bc.c.k.view, bc.c.v.view, bc.out.view, bc.params, true,
+                              p)
+      .throw_if_failed();
+  std::vector<float> ndq(o.dq.size(), 0), ndk(o.dk.size(), 0), ndv(o.dv.size(), 0);
+  std::vector<double> nds(o.dslopes.size(), 0);
+  o.dq_terms.assign(o.dq.size(), 0);
+  o.dk_terms.assign(o.dk.size(), 0);
+  o.dv_terms.assign(o.dv.size(), 0);
+  o.dslope_terms.assign(o.dslopes.size(), 0);
+  auto qi = [&](index_t b, index_t h, index_t i, index_t d) {
+    return static_cast<std::size_t>(((b * s.hq + h) * s.lq + i) * s.d + d);
+  };
+  auto ki = [&](index_t b, index_t h, index_t j, index_t d, index_t dim) {
+    return static_cast<std::size_t>(((b * s.hkv + h) * s.lk + j) * dim + d);
+  };
+  std::vector<float> pr(static_cast<std::size_t>(s.lk)), dp(static_cast<std::size_t>(s.lk));
+  for (index_t b = 0; b < s.batch; ++b)
+    for (index_t h = 0; h < s.hq; ++h) {
+      const index_t hk = p.kv_head(h), sr = rows == 1 ? 0 : b;
+      for (index_t i = 0; i < p.len_q(b); ++i) {
+        const alibi::index_range kr = p.key_range(b, i);
+        float m = -std::numeric_limits<float>::infinity();
+        for (index_t j = kr.begin; j < kr.end; ++j) {
+          if (p.key_excluded(b, j)) continue;
+          float dot = 0;
+          for (index_t d = 0; d < s.d; ++d)
+            dot += bc.c.q.view(b, h, i, d) * bc.c.k.view(b, hk, j, d);
+          pr[j] = p.scale * dot +
+                  (p.slopes.enabled
+                       ? alibi::alibi_bias(p.slope(b, h), p.q_offset(b) + i, p.k_offset(b) + j)
+                       : 0.0f);
+          m = std::max(m, pr[j]);
+        }
+        if (m == -std::numeric_limits<float>::infinity()) continue;
+        o.score_scale = std::max(o.score_scale, std::abs(static_cast<double>(m)));
+        float sum = 0, delta = 0;
+        for (index_t j = kr.begin; j < kr.end; ++j)
+          if (!p.key_excluded(b, j)) sum += (pr[j] = std::exp(pr[j] - m));
+        for (index_t j = kr.begin; j < kr.end; ++j) {
+          if (p.key_excluded(b, j)) continue;
+          pr[j] /= sum;
+          float x = 0;
+          for (index_t d = 0; d < s.v_dim(); ++d)
+            x += bc.dout.view(b, h, i, d) * bc.c.v.view(b, hk, j, d);
+          dp[j] = x;
+          delta += pr[j] * x;
+        }
+        for (index_t j = kr.begin; j < kr.end; ++j) {
+          if (p.key_excluded(b, j)) continue;
+          const float ds = pr[j] * (dp[j] - delta);
+          // |dS| with its inputs' sizes: P (|dP| + |D|), the size of the terms that cancel.
+          const double ds_abs = static_cast<double>(pr[j]) * (std::abs(dp[j]) + std::abs(delta));
+          const index_t qp = p.q_offset(b) + i, kp = p.k_offset(b) + j;
+          const double dist = static_cast<double>(qp > kp ? qp - kp : kp - qp);
+          nds[static_cast<std::size_t>(sr * s.hq + h)] -= static_cast<double>(ds) * dist;
+          o.dslope_terms[static_cast<std::size_t>(sr * s.hq + h)] += ds_abs * dist;
+          for (index_t d = 0; d < s.d; ++d) {
+            ndq[qi(b, h, i, d)] += p.scale * ds * bc.c.k.view(b, hk, j, d);
+            ndk[ki(b, hk, j, d, s.d)] += p.scale * ds * bc.c.q.view(b, h, i, d);
+            o.dq_terms[qi(b, h, i, d)] += std::abs(p.scale * ds_abs * bc.c.k.view(b, hk, j, d));
+            o.dk_terms[ki(b, hk, j, d, s.d)] +=
+                std::abs(p.scale * ds_abs * bc.c.q.view(b, h, i, d));
+          }
+          for (index_t d = 0; d < s.v_dim(); ++d) {
+            ndv[ki(b, hk, j, d, s.v_dim())] += pr[j] * bc.dout.view(b, h, i, d);
+            o.dv_terms[ki(b, hk, j, d, s.v_dim())] += std::abs(pr[j] * bc.dout.view(b, h, i, d));
+          }
+        }
+      }
+    }
+  auto err = [](const std::vector<float>& a, const std::vector<double>& ref) {
+    double e = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - ref[i]));
+    return e;
+  };
+  o.naive_dq = err(ndq, o.dq);
+  o.naive_dk = err(ndk, o.dk);
+  o.naive_dv = err(ndv, o.dv);
+  for (std::size_t e = 0; e < nds.size(); ++e)
+    o.naive_dslopes = std::max(o.naive_dslopes, std::abs(nds[e] - o.dslopes[e]));
+  return o;
+}
+
+/// One gradient tensor against the oracle under the tolerance rule: max |got - ref| <= 2 *
+/// the naive fp32 error + 8 ulps of the gradient's scale + the score rounding of fp32 (a
+/// score off by ~2^-23 |row max| moves each probability by that relative amount, and each
+/// gradient element by that times the absolute sum of its terms).
+struct grad_check {
+  double max_err = 0, tolerance = 0;
+  index_t nans = 0, guard_writes = 0;
+  bool ok() const { return nans == 0 && guard_writes == 0 && max_err <= tolerance; }
+};
+
+grad_check compare_grad(const alibi_test::padded_tensor<float>& got, const std::vector<double>& ref,
+                        const std::vector<double>& terms, double naive_err, double score_scale) {
+  constexpr double eps = std::numeric_limits<float>::epsilon();
+  grad_check r;
+  double scale = 0, term_max = 0;
+  for (double x : ref) scale = std::max(scale, std::abs(x));
+  for (double x : terms) term_max = std::max(term_max, x);
+  r.tolerance =
+      2 * naive_err + 8 * eps * std::max(1.0, scale) + 4 * eps * (score_scale + 16) * term_max;
+  std::size_t e = 0;
+  const auto& v = got.view;
+  for (index_t b = 0; b < v.extents[0]; ++b)
+    for (index_t h = 0; h < v.extents[1]; ++h)
+      for (index_t i = 0; i < v.extents[2]; ++i)
+        for (index_t d = 0; d < v.extents[3]; ++d, ++e) {
+          const float x = v(b, h, i, d);
+          if (std::isnan(x)) ++r.nans;
+          r.max_err = std::max(r.max_err, std::abs(static_cast<double>(x) - ref[e]));
+        }
+  r.guard_writes = got.touched_outside();
+  return r;
+}
+
+void check_against_oracle(backward_case& bc, const backward_oracle& o, grads& g) {
+  const case_spec& s = bc.c.spec;
+  const grad_check cq = compare_grad(g.dq, o.dq, o.dq_terms, o.naive_dq, o.score_scale);
+  const grad_check ck = compare_grad(g.dk, o.dk, o.dk_terms, o.naive_dk, o.score_scale);
+  const grad_check cv = compare_grad(g.dv, o.dv, o.dv_terms, o.naive_dv, o.score_scale);
+  INFO("dq err " << cq.max_err << " tol " << cq.tolerance << " nans " << cq.nans << " guard "
+                 << cq.guard_writes);
+  INFO("dk err " << ck.max_err << " tol " << ck.tolerance << " nans " << ck.nans << " guard "
+                 << ck.guard_writes);
+  INFO("dv err " << cv.max_err << " tol " << cv.tolerance << " nans " << cv.nans << " guard "
+                 << cv.guard_writes);
+  CHECK(cq.ok());
+  CHECK(ck.ok());
+  CHECK(cv.ok());
+  if (bc.with_dslopes) {
+    constexpr double eps = std::numeric_limits<float>::epsilon();
+    const index_t rows = s.caller_slopes ? s.batch : 1;
+    double err = 0, scale = 0, terms = 0;
+    for (index_t e = 0; e < rows * s.hq; ++e) {
+      err = std::max(err, std::abs(g.dslopes[static_cast<std::size_t>(e)] -
+                                   o.dslopes[static_cast<std::size_t>(e)]));
+      scale = std::max(scale, std::abs(o.dslopes[static_cast<std::size_t>(e)]));
+      terms = std::max(terms, o.dslope_terms[static_cast<std::size_t>(e)]);
+    }
+    const double tol = 2 * o.naive_dslopes + 8 * eps * std::max(1.0, scale) +
+                       4 * eps * (o.score_scale + 16) * terms;
+    INFO("dslopes err " << err << " tol " << tol);
+    CHECK(err <= tol);
+    CHECK(g.dslopes[static_cast<std::size_t>(rows * s.hq)] == 1234.5f);  // guard
+  }
+}
+
+template <class T>
+bool bitwise_equal(const alibi_test::padded_tensor<T>& a, const alibi_test::padded_tensor<T>& b) {
+  return std::memcmp(a.buf.data(), b.buf.data(), a.buf.size() * sizeof(T)) == 0;
+}
+
+void run_grid(const std::vector<case_spec>& cases, bool three_threads) {
+  for (const case_spec& spec : cases) {
+    INFO(spec.name());
+    backward_case bc(spec);
+    const backward_oracle o = make_oracle(bc);
+    grads g1(spec, 1234.5f), g2(spec, 1234.5f), g3(spec, 1234.5f), noskip(spec, 1234.5f);
+    bc.run(alibi::backend::eigen{1}, g1);
+    bc.run(alibi::backend::eigen{2}, g2);
+    {
+      INFO("eigen, skipping on");
+      check_against_oracle(bc, o, g1);
+    }
+    bc.run(alibi::backend::eigen{2}, noskip, false);
+    {
+      INFO("eigen, skipping off");
+      check_against_oracle(bc, o, noskip);
+    }
+    CHECK(bitwise_equal(g1.dq, g2.dq));
+    CHECK(bitwise_equal(g1.dk, g2.dk));
+    CHECK(bitwise_equal(g1.dv, g2.dv));
+    CHECK(g1.dslopes == g2.dslopes);
+    if (three_threads) {
+      bc.run(alibi::backend::eigen{3}, g3);
+      CHECK(bitwise_equal(g1.dq, g3.dq));
+      CHECK(bitwise_equal(g1.dk, g3.dk));
+      CHECK(bitwise_equal(g1.dv, g3.dv));
+      CHECK(g1.dslopes == g3.dslopes);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("eigen backward matches the reference backward on small cases", "[backward][eigen]") {
+  std::vector<case_spec> cases;
+  std::uint64_t seed = 500;
+  for (index_t lq : {1, 3, 17, 40})
+    for (int variant = 0; variant < 4; ++variant) {
+      case_spec c;
+      c.lq = lq;
+      c.lk = variant % 2 == 0 ? lq : lq + 9;
+      c.hq = 4;
+      c.hkv = variant == 3 ? 1 : 2;
+      c.d = variant == 2 ? 21 : 32;
+      c.batch = 3;
+      c.causal = variant != 1;
+      c.lengths = variant == 0;
+      c.key_mask = variant == 1;
+      c.offsets = variant == 2;
+      c.caller_slopes = variant == 3;
+      c.bshd = variant % 2 == 1;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  run_grid(cases, true);
+}
+
+TEST_CASE("eigen backward matches the reference backward on the case grid",
+          "[backward][eigen][grid][heavy]") {
+  run_grid(alibi_test::grid_cases(), false);
+}
+
+TEST_CASE("eigen backward on large inputs, large slopes, custom scales",
+          "[backward][eigen][grid][heavy]") {
+  std::vector<case_spec> cases = alibi_test::scale_cases();
+  case_spec c;  // v head dim differs from q/k head dim, key mask, GQA
+  c.lq = 65;
+  c.lk = 300;
+  c.d = 64;
+  c.dv = 40;
+  c.hq = 2;
+  c.hkv = 1;
+  c.key_mask = true;
+  c.batch = 2;
+  cases.push_back(c);
+  run_grid(cases, true);
+}
