@@ -12,6 +12,7 @@
 
 #include <Eigen/Core>
 #include <alibi/alibi.hpp>
+#include <alibi/backend/eigen/attention_backward.hpp>
 
 namespace alibi_bench {
 

@@ -527,3 +527,261 @@ TEST_CASE("eigen backward on large inputs, large slopes, custom scales",
   cases.push_back(c);
   run_grid(cases, true);
 }
+
+namespace {
+
+/// Dense (1, H, L, D) inputs for the skipping and NaN tests, with the fused forward's out
+/// and logsumexp.
+struct dense_case {
+  index_t H, L, D;
+  std::vector<float> q, k, v, out, dout, lse;
+  alibi::attention_params p;
+  dense_case(index_t h, index_t l, index_t d, bool causal, std::uint64_t seed) : H(h), L(l), D(d) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> randn(0.0f, 1.0f);
+    for (auto* x : {&q, &k, &v, &dout}) {
+      x->resize(static_cast<std::size_t>(H * L * D));
+      for (float& e : *x) e = randn(rng);
+    }
+    out.resize(q.size());
+    lse.resize(static_cast<std::size_t>(H * L));
+    p.mask.causal = causal;
+    p.logsumexp = alibi::make_view(lse.data(), 1, H, L);
+    forward();
+  }
+  alibi::tensor_view<float, 4> view(std::vector<float>& x) {
+    return alibi::make_view(x.data(), 1, H, L, D);
+  }
+  void forward() {
+    alibi::attention(alibi::backend::eigen{2}, view(q), view(k), view(v), view(out), p);
+  }
+  template <class Backend, class G>
+  void backward(const Backend& be, std::vector<G>& dq, std::vector<G>& dk, std::vector<G>& dv,
+                std::vector<float>* dslopes, bool skip, alibi::attention_stats* stats = nullptr) {
+    dq.assign(q.size(), G(0));
+    dk.assign(q.size(), G(0));
+    dv.assign(q.size(), G(0));
+    alibi::attention_params pp = p;
+    pp.skip_far_tiles = skip;
+    pp.stats = stats;
+    alibi::tensor_view<float, 2> ds{};
+    if (dslopes) {
+      dslopes->assign(static_cast<std::size_t>(H), 0.0f);
+      ds = alibi::make_view(dslopes->data(), 1, H);
+    }
+    auto g = [&](std::vector<G>& x) { return alibi::make_view(x.data(), 1, H, L, D); };
+    alibi::attention_backward(be, view(q), view(k), view(v), view(out), view(dout), p.logsumexp,
+                              g(dq), g(dk), g(dv), pp, ds);
+  }
+};
+
+double row_norm(const std::vector<float>& x, index_t row, index_t d) {
+  double s = 0;
+  for (index_t e = 0; e < d; ++e)
+    s += static_cast<double>(x[static_cast<std::size_t>(row * d + e)]) *
+         x[static_cast<std::size_t>(row * d + e)];
+  return std::sqrt(s);
+}
+
+}  // namespace
+
+TEST_CASE("backward far-tile skipping skips work and stays within its proven bound",
+          "[backward][skip]") {
+  // 8 heads (slopes 1/2 .. 1/256), causal, 1536 rows: the steep heads skip most far tiles.
+  dense_case c(8, 1536, 32, true, 21);
+  std::vector<float> dq0, dk0, dv0, ds0, dq1, dk1, dv1, ds1;
+  alibi::attention_stats on, off;
+  c.backward(alibi::backend::eigen{2}, dq0, dk0, dv0, &ds0, false, &off);
+  c.backward(alibi::backend::eigen{2}, dq1, dk1, dv1, &ds1, true, &on);
+  CHECK(off.tiles_skipped == 0);
+  CHECK(on.tiles_skipped > on.tiles_computed / 4);
+  CHECK(on.tiles_skipped + on.tiles_computed == off.tiles_computed);
+  // The bound (README, "Backward pass"): a row loses at most 2^-24 of its probability
+  // (2^-25 per side, each skipped weight at most 2^-25), |dP_ij - D_i| <= 2 |dO_i| max|v|.
+  const double eps25 = std::ldexp(1.0, -25), scale = 1.0 / std::sqrt(32.0);
+  double vmax = 0, kmax = 0;
+  for (index_t r = 0; r < c.H * c.L; ++r) {
+    vmax = std::max(vmax, row_norm(c.v, r, c.D));
+    kmax = std::max(kmax, row_norm(c.k, r, c.D));
+  }
+  constexpr double eps = std::numeric_limits<float>::epsilon();
+  for (index_t h = 0; h < c.H; ++h) {
+    double sum_do = 0, sum_do_q = 0, max_dq_bound = 0, max_grad[3] = {0, 0, 0};
+    for (index_t i = 0; i < c.L; ++i) {
+      const double dn = row_norm(c.dout, h * c.L + i, c.D);
+      sum_do += dn;
+      sum_do_q += dn * row_norm(c.q, h * c.L + i, c.D);
+      max_dq_bound = std::max(max_dq_bound, scale * 2 * eps25 * 2 * dn * vmax * kmax);
+    }
+    double err[3] = {0, 0, 0};
+    for (index_t e = h * c.L * c.D; e < (h + 1) * c.L * c.D; ++e) {
+      const auto u = static_cast<std::size_t>(e);
+      err[0] = std::max(err[0], static_cast<double>(std::abs(dq1[u] - dq0[u])));
+      err[1] = std::max(err[1], static_cast<double>(std::abs(dk1[u] - dk0[u])));
+      err[2] = std::max(err[2], static_cast<double>(std::abs(dv1[u] - dv0[u])));
+      max_grad[0] = std::max(max_grad[0], static_cast<double>(std::abs(dq0[u])));
+      max_grad[1] = std::max(max_grad[1], static_cast<double>(std::abs(dk0[u])));
+      max_grad[2] = std::max(max_grad[2], static_cast<double>(std::abs(dv0[u])));
+    }
+    const double bounds[3] = {max_dq_bound, scale * eps25 * 2 * vmax * sum_do_q, eps25 * sum_do};
+    for (int g = 0; g < 3; ++g) {
+      INFO("head " << h << " gradient " << g << ": change " << err[g] << ", bound " << bounds[g]
+                   << " + rounding " << 64 * eps * max_grad[g]);
+      // Plus rounding: fewer terms in an fp32 sum change its last bits.
+      CHECK(err[g] <= bounds[g] + 64 * eps * max_grad[g]);
+    }
+    const double ds_bound = 2 * eps25 * 2 * vmax * sum_do;
+    INFO("dslopes head " << h << ": " << ds1[static_cast<std::size_t>(h)] << " vs "
+                         << ds0[static_cast<std::size_t>(h)]);
+    CHECK(std::abs(ds1[static_cast<std::size_t>(h)] - ds0[static_cast<std::size_t>(h)]) <=
+          ds_bound + 1e-5 * std::abs(ds0[static_cast<std::size_t>(h)]));
+  }
+}
+
+TEST_CASE("backward: NaN in used inputs reaches exactly the gradients it flows to",
+          "[backward][nan]") {
+  // One NaN in a K row, a V row, a Q row, a dout row, causal: rows that never see the
+  // NaN key (before it) and keys that the NaN row never sees (after it) stay finite.
+  for (int where = 0; where < 4; ++where) {
+    INFO("NaN in " << (where == 0 ? "k" : where == 1 ? "v" : where == 2 ? "q" : "dout"));
+    dense_case c(2, 150, 16, true, 31);
+    std::vector<float>* target[] = {&c.k, &c.v, &c.q, &c.dout};
+    (*target[where])[static_cast<std::size_t>(70 * c.D + 3)] =
+        std::numeric_limits<float>::quiet_NaN();
+    c.forward();
+    std::vector<float> dq, dk, dv;
+    std::vector<double> rq, rk, rv;
+    c.backward(alibi::backend::eigen{2}, dq, dk, dv, nullptr, true);
+    c.backward(alibi::backend::reference{}, rq, rk, rv, nullptr, true);
+    for (auto [got, want] : {std::pair{&dq, &rq}, std::pair{&dk, &rk}, std::pair{&dv, &rv}}) {
+      index_t nan_mismatch = 0, nans = 0;
+      double err = 0;
+      for (std::size_t e = 0; e < got->size(); ++e) {
+        const bool gn = std::isnan((*got)[e]), wn = std::isnan((*want)[e]);
+        nans += wn;
+        if (gn != wn) ++nan_mismatch;
+        if (!gn && !wn) err = std::max(err, std::abs((*got)[e] - (*want)[e]));
+      }
+      // dV = P^T dO does not involve V: a NaN in V reaches dQ and dK only.
+      if (!(where == 1 && got == &dv)) CHECK(nans > 0);
+      CHECK(nan_mismatch == 0);
+      CHECK(err < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("backward: every bad argument is an alibi::error naming it", "[backward][validation]") {
+  dense_case c(2, 8, 4, false, 41);
+  std::vector<float> dq(c.q.size()), dk(c.q.size()), dv(c.q.size()), ds(2), small(4);
+  auto v = [&](std::vector<float>& x) { return c.view(x); };
+  auto expect = [&](const std::string& what, auto&& call) {
+    INFO(what);
+    try {
+      call();
+      FAIL("no error");
+    } catch (const alibi::error& e) {
+      CHECK_THAT(e.what(), Catch::Matchers::Contains(what));
+    }
+  };
+  const alibi::backend::eigen be{1};
+  auto lse = alibi::tensor_view<const float, 3>(c.p.logsumexp);
+  expect("dq must have q's shape", [&] {
+    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse,
+                              alibi::make_view(dq.data(), 1, 2, 7, 4), v(dk), v(dv), c.p);
+  });
+  expect("dk must have k's shape", [&] {
+    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
+                              alibi::make_view(dk.data(), 1, 1, 8, 4), v(dv), c.p);
+  });
+  expect("dv must have v's shape", [&] {
+    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk),
+                              alibi::make_view(dv.data(), 1, 2, 8, 3), c.p);
+  });
+  expect("dout must have out's shape", [&] {
+    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out),
+                              alibi::make_view(c.dout.data(), 2, 2, 4, 4), lse, v(dq), v(dk), v(dv),
+                              c.p);
+  });
+  expect("lse (the forward's logsumexp) must have shape", [&] {
+    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout),
+                              alibi::make_view<const float>(c.lse.data(), 1, 2, 7), v(dq), v(dk),
+                              v(dv), c.p);
+  });
+  expect("dslopes must have shape", [&] {
+    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk),
+                              v(dv), c.p, alibi::make_view(ds.data(), 1, 3));
+  });
+  expect("dslopes was given but params.slopes is disabled", [&] {
+    alibi::attention_params p = c.p;
+    p.slopes = alibi::slope_config::none();
+    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk),
+                              v(dv), p, alibi::make_view(ds.data(), 1, 2));
+  });
+  expect("dq.stride(3) (head_dim) must be 1", [&] {
+    alibi::attention_backward(
+        be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse,
+        alibi::make_strided_view<float, 4>(dq.data(), {1, 2, 8, 4}, {64, 32, 1, 8}), v(dk), v(dv),
+        c.p);
+  });
+  expect("dk's elements must not overlap", [&] {
+    alibi::attention_backward(
+        be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
+        alibi::make_strided_view<float, 4>(dk.data(), {1, 2, 8, 4}, {64, 0, 4, 1}), v(dv), c.p);
+  });
+  expect("the gradients must be float", [&] {
+    std::vector<double> dd(c.q.size());
+    auto dv64 = alibi::make_view(dd.data(), 1, 2, 8, 4);
+    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, dv64, dv64,
+                              dv64, c.p);
+  });
+  CHECK(alibi::can_implement_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
+                                      v(dk), v(dv), c.p));
+  (void)small;
+}
+
+TEST_CASE("backward: fully masked rows, keys past lengths and padded rows get zero gradients",
+          "[backward][edge]") {
+  // Key mask excluding every key of entry 1; entry 0 with a window that leaves the first
+  // rows without keys (q_len > k_len, bottom-right aligned, window_right 0, window_left 0).
+  case_spec s;
+  s.batch = 2;
+  s.hq = 2;
+  s.hkv = 1;
+  s.lq = 9;
+  s.lk = 5;
+  s.d = 8;
+  s.key_mask = true;
+  s.lengths = true;
+  s.window_left = 0;
+  s.window_right = 0;
+  s.seed = 3;
+  backward_case bc(s);
+  grads g(s, 1234.5f);
+  bc.run(alibi::backend::eigen{2}, g);
+  const backward_oracle o = make_oracle(bc);
+  check_against_oracle(bc, o, g);
+  // Entry 1 has every key masked: all its gradients are exactly 0.
+  for (index_t h = 0; h < s.hq; ++h)
+    for (index_t i = 0; i < s.lq; ++i)
+      for (index_t d = 0; d < s.d; ++d) CHECK(g.dq.view(1, h, i, d) == 0.0f);
+  for (index_t j = 0; j < s.lk; ++j)
+    for (index_t d = 0; d < s.d; ++d) {
+      CHECK(g.dk.view(1, 0, j, d) == 0.0f);
+      CHECK(g.dv.view(1, 0, j, d) == 0.0f);
+    }
+}
+
+TEST_CASE("backward: split keys (few heads, long keys) equal the reference", "[backward][split]") {
+  // One kv head and 2 batch entries: the keys are split into chunks whose dQ accumulators
+  // are added in chunk order.
+  case_spec s;
+  s.batch = 1;
+  s.hq = 2;
+  s.hkv = 1;
+  s.lq = 40;
+  s.lk = 2600;
+  s.d = 16;
+  s.causal = true;
+  s.seed = 4;
+  run_grid({s}, true);
+}
