@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The CPU entry point: slopes, bias matrices, the attention front end and its backward pass,
-// the reference and Eigen backends, the layers (attention module, Transformer layer, KV cache) and safetensors
-// loading. CUDA users include <alibi/cuda.cuh> in addition.
+// the reference and Eigen backends, the layers (attention module, Transformer layer, KV
+// cache) and safetensors loading. CUDA users include <alibi/cuda.cuh> in addition.
 #pragma once
 
 #include "alibi/attention.hpp"
