@@ -11,4 +11,5 @@
 #include "alibi/layers/kv_cache.hpp"
 #include "alibi/layers/multi_head_attention.hpp"
 #include "alibi/layers/ops.hpp"
+#include "alibi/layers/training.hpp"
 #include "alibi/layers/transformer_layer.hpp"

@@ -8,6 +8,7 @@
 
 #include "alibi/layers/multi_head_attention.hpp"
 #include "alibi/layers/ops.hpp"
+#include "alibi/layers/training.hpp"
 
 namespace alibi {
 
@@ -18,11 +19,35 @@ namespace alibi {
 ///   ffn.0.weight (ff_dim, embed_dim)  ffn.0.bias (ff_dim)
 ///   ffn.2.weight (embed_dim, ff_dim)  ffn.2.bias (embed_dim)
 ///   norm1.weight, norm1.bias, norm2.weight, norm2.bias (embed_dim)  (start at 1 and 0)
+/// Training (CPU backends only): forward_train() + backward(), as for multi_head_attention.
 template <class T, class Backend>
 class transformer_layer {
   using ops = detail::layer_ops<Backend>;
 
  public:
+  /// What a training forward keeps for backward() (owned here, move-only):
+  ///   x (rows, E): the input, rows past both lengths set to 0 (they may hold NaN);
+  ///   post-norm: ln1_in = x + attn(x), ln1_out = LN1(ln1_in) (the FFN's input and residual),
+  ///              ln2_in = ln1_out + ffn(ln1_out);
+  ///   pre-norm:  ln1_out = LN1(x) (the attention's input), ln2_in = x + attn(ln1_out),
+  ///              ln2_out = LN2(ln2_in) (the FFN's input);
+  ///   hpre, h (rows, ff_dim): the FFN's pre-activation and activation;
+  ///   the attention module's activations (its projections, output and logsumexp).
+  /// Recomputed in backward: each LayerNorm's mean and 1/std (from its saved input, the
+  /// same arithmetic as the forward), the activation's derivative from hpre.
+  class activations {
+   public:
+    bool empty() const { return owner_ == nullptr; }
+
+   private:
+    friend class transformer_layer;
+    const void* owner_ = nullptr;
+    index_t batch_ = 0, len_ = 0;
+    std::vector<index_t> q_lengths_, used_;  // (batch): valid rows; rows any output reads
+    detail::backend_buffer<Backend, T> x_, ln1_in_, ln1_out_, ln2_in_, ln2_out_, hpre_, h_;
+    typename multi_head_attention<T, Backend>::activations attn_;
+  };
+
   explicit transformer_layer(layer_config config, const Backend& backend = Backend{})
       : backend_(backend), cfg_(config), attn_(config.attention, backend) {
     cfg_.attention = attn_.config();
@@ -73,6 +98,24 @@ class transformer_layer {
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
     run(x, out, opt, nullptr);
   }
+  /// Training forward: forward(x, out, opt) (out may be x), and `saved` keeps what backward()
+  /// needs. There is no KV cache in training. CPU backends only.
+  void forward_train(tensor_view<const T, 3> x, tensor_view<T, 3> out, activations& saved,
+                     const forward_options& opt = {}) {
+    multi_head_attention<T, Backend>::require_backward();
+    if constexpr (detail::has_layer_backward<Backend>::value) train(x, out, saved, opt);
+  }
+  /// dy = d loss / d out (batch, seq, embed_dim) -> dx = d loss / d x (same shape; dx may be
+  /// dy) and every parameter's gradient in `grads`, named as parameters() ("self_attn.
+  /// q_proj.weight", ..., "norm2.bias"): an empty container is filled, one made for this
+  /// layer is overwritten. dy of padded rows (past opt.q_lengths) is never read; rows of dx
+  /// no output depends on (past both lengths) are 0. CPU backends only.
+  void backward(tensor_view<const T, 3> dy, const activations& saved, tensor_view<T, 3> dx,
+                parameter_gradients<T>& grads) {
+    multi_head_attention<T, Backend>::require_backward();
+    if constexpr (detail::has_layer_backward<Backend>::value) backward_impl(dy, saved, dx, grads);
+  }
+
   /// Incremental decoding with this layer's cache (see multi_head_attention).
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend>& cache,
                const forward_options& opt = {}) {
@@ -81,6 +124,11 @@ class transformer_layer {
 
  private:
   static constexpr char prefix[] = "self_attn.";
+
+  void train(tensor_view<const T, 3> x, tensor_view<T, 3> out, activations& saved,
+             const forward_options& opt);
+  void backward_impl(tensor_view<const T, 3> dy, const activations& saved, tensor_view<T, 3> dx,
+                     parameter_gradients<T>& grads);
 
   void run(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt,
            kv_cache<T, Backend>* cache) {
@@ -141,6 +189,165 @@ class transformer_layer {
   detail::parameter_table<transformer_layer, T, Backend> params_;
   detail::backend_buffer<Backend, T> n_,
       h_;  // workspace: normalized rows (rows, embed_dim); FFN hidden (rows, ff_dim)
+  // Backward workspace: d out, the residual stream's gradient and a LayerNorm-side gradient
+  // (rows, embed_dim) each; the FFN hidden gradient (rows, ff_dim).
+  detail::backend_buffer<Backend, T> dout_, dres_, dside_, dh_;
 };
+
+template <class T, class Backend>
+void transformer_layer<T, Backend>::train(tensor_view<const T, 3> x, tensor_view<T, 3> out,
+                                          activations& saved, const forward_options& opt) {
+  const char* fn = "alibi::transformer_layer::forward_train";
+  const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
+  const index_t B = x.extents[0], L = x.extents[1], rows = B * L;
+  if (B < 0 || L < 0) detail::raise(error(std::string(fn) + ": extents must be >= 0"));
+  const index_t ldx = detail::row_stride(fn, "x", x, E);
+  const index_t ldo = detail::row_stride(fn, "out", out, E);
+  if (out.extents[0] != B || out.extents[1] != L)
+    detail::raise(error(std::string(fn) + ": out must have the shape of x (" + detail::str(B) +
+                        ", " + detail::str(L) + ", " + detail::str(E) + ")"));
+  saved.owner_ = nullptr;  // not usable until the forward has succeeded
+  saved.batch_ = B;
+  saved.len_ = L;
+  saved.q_lengths_ = detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, L);
+  saved.used_ = detail::host_lengths(fn, "opt.k_lengths", opt.k_lengths, B, L);
+  for (std::size_t b = 0; b < saved.used_.size(); ++b)
+    saved.used_[b] = std::max(saved.used_[b], saved.q_lengths_[b]);
+  // The input, copied (out may be x) with the rows nothing reads set to 0.
+  ops::resize(saved.x_, rows * E);
+  ops::copy_rows(backend_, x.data, ldx, saved.x_.data(), E, rows, E);
+  detail::zero_padded_rows<ops>(backend_, saved.x_.data(), E, L, E, saved.used_);
+  const T* X = saved.x_.data();
+  const T* b1 = cfg_.ffn_bias ? b1_.data() : nullptr;
+  const T* b2 = cfg_.ffn_bias ? b2_.data() : nullptr;
+  const bool post = cfg_.norm == norm_position::post;
+  ops::resize(saved.ln1_out_, rows * E);
+  ops::resize(saved.ln2_in_, rows * E);
+  ops::resize(post ? saved.ln1_in_ : saved.ln2_out_, rows * E);  // pre-norm: ln1_in is x
+  ops::resize(saved.hpre_, rows * F);
+  ops::resize(saved.h_, rows * F);
+  // hpre (rows, F) = y w1^T + b1, h = act(hpre); dst (+)= h w2^T + b2.
+  auto ffn = [&](const T* y, T* dst, index_t ldd) {
+    ops::linear(backend_, y, E, rows, E, w1_.data(), b1, F, saved.hpre_.data(), F, false, nullptr);
+    ops::activation_forward(backend_, static_cast<const T*>(saved.hpre_.data()), F, saved.h_.data(),
+                            F, rows, F, cfg_.act);
+    ops::linear(backend_, static_cast<const T*>(saved.h_.data()), F, rows, F, w2_.data(), b2, E,
+                dst, ldd, true, nullptr);
+  };
+  auto rows_view = [&](detail::backend_buffer<Backend, T>& m) {
+    return make_view(m.data(), B, L, E);
+  };
+  if (post) {
+    ops::copy_rows(backend_, X, E, saved.ln1_in_.data(), E, rows, E);
+    attn_.train_into(X, E, B, L, rows_view(saved.ln1_in_), opt, saved.attn_, true);
+    ops::layer_norm(backend_, static_cast<const T*>(saved.ln1_in_.data()), E, saved.ln1_out_.data(),
+                    E, rows, E, g1_.data(), beta1_.data(), cfg_.norm_eps);
+    ops::copy_rows(backend_, static_cast<const T*>(saved.ln1_out_.data()), E, saved.ln2_in_.data(),
+                   E, rows, E);
+    ffn(saved.ln1_out_.data(), saved.ln2_in_.data(), E);
+    ops::layer_norm(backend_, static_cast<const T*>(saved.ln2_in_.data()), E, out.data, ldo, rows,
+                    E, g2_.data(), beta2_.data(), cfg_.norm_eps);
+  } else {
+    ops::layer_norm(backend_, X, E, saved.ln1_out_.data(), E, rows, E, g1_.data(), beta1_.data(),
+                    cfg_.norm_eps);
+    ops::copy_rows(backend_, X, E, saved.ln2_in_.data(), E, rows, E);
+    attn_.train_into(saved.ln1_out_.data(), E, B, L, rows_view(saved.ln2_in_), opt, saved.attn_,
+                     true);
+    ops::layer_norm(backend_, static_cast<const T*>(saved.ln2_in_.data()), E, saved.ln2_out_.data(),
+                    E, rows, E, g2_.data(), beta2_.data(), cfg_.norm_eps);
+    ops::copy_rows(backend_, static_cast<const T*>(saved.ln2_in_.data()), E, out.data, ldo, rows,
+                   E);
+    ffn(saved.ln2_out_.data(), out.data, ldo);
+  }
+  detail::zero_padded_rows<ops>(backend_, out.data, ldo, L, E, saved.q_lengths_);
+  saved.owner_ = this;
+}
+
+template <class T, class Backend>
+void transformer_layer<T, Backend>::backward_impl(tensor_view<const T, 3> dy,
+                                                  const activations& saved, tensor_view<T, 3> dx,
+                                                  parameter_gradients<T>& grads) {
+  using detail::str;
+  const char* fn = "alibi::transformer_layer::backward";
+  const std::string f = fn;
+  if (saved.owner_ != this)
+    detail::raise(error(f + ": `saved` holds no activations of this layer (empty, from another " +
+                        "layer, or its forward_train failed); pass the activations this " +
+                        "layer's forward_train filled"));
+  const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
+  const index_t B = saved.batch_, L = saved.len_, rows = B * L;
+  const index_t lddy = detail::row_stride(fn, "dy", dy, E);
+  const index_t lddx = detail::row_stride(fn, "dx", dx, E);
+  auto check_shape = [&](const char* name, const index_t* ext) {
+    if (ext[0] != B || ext[1] != L)
+      detail::raise(error(f + ": " + name + " must have shape (" + str(B) + ", " + str(L) + ", " +
+                          str(E) + ") as in forward_train, got (" + str(ext[0]) + ", " +
+                          str(ext[1]) + ", " + str(ext[2]) + ")"));
+  };
+  check_shape("dy", dy.extents);
+  check_shape("dx", dx.extents);
+  grads.prepare(parameters(), fn);
+  auto grad = [&](const char* name) { return grads[name].data(); };
+  auto ffn_bias = [&](const char* name) -> T* {
+    return cfg_.ffn_bias ? grads[name].data() : nullptr;
+  };
+  for (auto* m : {&dout_, &dres_, &dside_}) ops::resize(*m, rows * E);
+  ops::resize(dh_, rows * F);
+  // d out with zeros in the padded rows (their output is the constant 0; dx may be dy).
+  ops::copy_rows(backend_, dy.data, lddy, dout_.data(), E, rows, E);
+  detail::zero_padded_rows<ops>(backend_, dout_.data(), E, L, E, saved.q_lengths_);
+  // The FFN: given d dst (rows, E) and its input y, writes dh and dW2, db2, dW1, db1, and
+  // d y (rows, E) into dy_in (added when accumulate).
+  auto ffn_backward = [&](const T* ddst, const T* y, T* dy_in, bool accumulate) {
+    ops::linear_backward_params(backend_, ddst, E, rows, E, static_cast<const T*>(saved.h_.data()),
+                                F, F, grad("ffn.2.weight"), ffn_bias("ffn.2.bias"));
+    ops::linear_backward_input(backend_, ddst, E, rows, E, static_cast<const T*>(w2_.data()), F,
+                               dh_.data(), F, false);
+    ops::activation_backward(backend_, static_cast<const T*>(saved.hpre_.data()), F, dh_.data(), F,
+                             rows, F, cfg_.act);
+    ops::linear_backward_params(backend_, static_cast<const T*>(dh_.data()), F, rows, F, y, E, E,
+                                grad("ffn.0.weight"), ffn_bias("ffn.0.bias"));
+    ops::linear_backward_input(backend_, static_cast<const T*>(dh_.data()), F, rows, F,
+                               static_cast<const T*>(w1_.data()), E, dy_in, E, accumulate);
+  };
+  if (cfg_.norm == norm_position::post) {
+    // out = LN2(ln2_in): dout_ becomes d ln2_in.
+    ops::layer_norm_backward(backend_, static_cast<const T*>(saved.ln2_in_.data()), E,
+                             static_cast<const T*>(dout_.data()), E, rows, E,
+                             static_cast<const T*>(g2_.data()), cfg_.norm_eps, dout_.data(), E,
+                             false, grad("norm2.weight"), grad("norm2.bias"));
+    // ln2_in = ln1_out + ffn(ln1_out): d ln1_out = d ln2_in + ffn backward.
+    ops::copy_rows(backend_, static_cast<const T*>(dout_.data()), E, dres_.data(), E, rows, E);
+    ffn_backward(dout_.data(), saved.ln1_out_.data(), dres_.data(), true);
+    // ln1_out = LN1(ln1_in): dres_ becomes d ln1_in.
+    ops::layer_norm_backward(backend_, static_cast<const T*>(saved.ln1_in_.data()), E,
+                             static_cast<const T*>(dres_.data()), E, rows, E,
+                             static_cast<const T*>(g1_.data()), cfg_.norm_eps, dres_.data(), E,
+                             false, grad("norm1.weight"), grad("norm1.bias"));
+    // ln1_in = x + attn(x): dx = d ln1_in + the attention's input gradient.
+    ops::copy_rows(backend_, static_cast<const T*>(dres_.data()), E, dx.data, lddx, rows, E);
+    attn_.backward_rows(dres_.data(), E, saved.attn_, dx.data, lddx, dx.data, lddx, dx.data, lddx,
+                        true, grads, prefix);
+  } else {
+    // out = ln2_in + ffn(ln2_out): d ln2_in = d out + LN2 backward of the FFN's input gradient.
+    ops::copy_rows(backend_, static_cast<const T*>(dout_.data()), E, dres_.data(), E, rows, E);
+    ffn_backward(dout_.data(), saved.ln2_out_.data(), dside_.data(), false);
+    ops::layer_norm_backward(backend_, static_cast<const T*>(saved.ln2_in_.data()), E,
+                             static_cast<const T*>(dside_.data()), E, rows, E,
+                             static_cast<const T*>(g2_.data()), cfg_.norm_eps, dres_.data(), E,
+                             true, grad("norm2.weight"), grad("norm2.bias"));
+    // ln2_in = x + attn(ln1_out): d ln1_out = the attention's input gradient.
+    attn_.backward_rows(dres_.data(), E, saved.attn_, dside_.data(), E, dside_.data(), E,
+                        dside_.data(), E, false, grads, prefix);
+    // ln1_out = LN1(x): dx = d ln2_in + LN1 backward.
+    ops::copy_rows(backend_, static_cast<const T*>(dres_.data()), E, dx.data, lddx, rows, E);
+    ops::layer_norm_backward(backend_, static_cast<const T*>(saved.x_.data()), E,
+                             static_cast<const T*>(dside_.data()), E, rows, E,
+                             static_cast<const T*>(g1_.data()), cfg_.norm_eps, dx.data, lddx, true,
+                             grad("norm1.weight"), grad("norm1.bias"));
+  }
+  // Rows no output depends on get exact zeros.
+  detail::zero_padded_rows<ops>(backend_, dx.data, lddx, L, E, saved.used_);
+}
 
 }  // namespace alibi

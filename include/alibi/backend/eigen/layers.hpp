@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// The layer operations (projections, feed-forward, LayerNorm, copies) of the CPU backends,
-// for alibi::multi_head_attention / transformer_layer / kv_cache in host memory: GEMMs
-// through Eigen, parallel over fixed blocks on the backend's threads.
+// The layer operations (projections, feed-forward, LayerNorm, copies, and their backward
+// passes for training) of the CPU backends, for alibi::multi_head_attention /
+// transformer_layer / kv_cache in host memory: GEMMs through Eigen, parallel over fixed
+// blocks on the backend's threads.
 #pragma once
 
 #include <algorithm>
@@ -14,8 +15,10 @@
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "alibi/backend/eigen/attention.hpp"
+#include "alibi/backend/eigen/attention_backward.hpp"
 #include "alibi/backend/eigen/parallel.hpp"
 #include "alibi/backend/reference/attention.hpp"
+#include "alibi/backend/reference/attention_backward.hpp"
 #include "alibi/layers/ops.hpp"
 
 namespace alibi {
@@ -134,6 +137,179 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
         const T inv = T(1) / std::sqrt(var + T(eps));
         T* o = y + r * ldy;
         for (index_t i = 0; i < n; ++i) o[i] = (in[i] - mean) * inv * gamma[i] + beta[i];
+      }
+    });
+  }
+
+  // ---- Training: the backward operations (CPU only; see README "Training: layers backward").
+  // Every reduction has one fixed order whatever the thread count: threads own disjoint
+  // output blocks (rows of dW, columns of db and of the LayerNorm parameter gradients), and a
+  // sum over rows is never split between threads.
+
+  /// The CPU backends have the layers' backward pass (detail::has_layer_backward).
+  static constexpr bool layer_backward = true;
+
+  /// dx (rows, in) = dy (rows, out) w (out, in), or dx += when accumulate: the input gradient
+  /// of y = x w^T + b. Fixed (block_rows x block_cols) blocks of dx, as in linear().
+  template <class T>
+  static void linear_backward_input(const Backend& be, const T* dy, index_t lddy, index_t rows,
+                                    index_t out, const T* w, index_t in, T* dx, index_t lddx,
+                                    bool accumulate) {
+    if (rows == 0 || in == 0) return;
+    const index_t row_blocks = (rows + block_rows - 1) / block_rows;
+    const index_t col_blocks = (in + block_cols - 1) / block_cols;
+    parallel_for(threads(be), row_blocks * col_blocks, [&](index_t item) {
+      const index_t r0 = (item / col_blocks) * block_rows, c0 = (item % col_blocks) * block_cols;
+      const index_t nr = std::min(block_rows, rows - r0), nc = std::min(block_cols, in - c0);
+      map<T> DX(dx + r0 * lddx + c0, nr, nc, Eigen::OuterStride<>(lddx));  // (nr, nc)
+      if (out == 0) {
+        if (!accumulate) DX.setZero();
+        return;
+      }
+      const_map<T> DY(dy + r0 * lddy, nr, out, Eigen::OuterStride<>(lddy));  // (nr, out)
+      const_map<T> W(w + c0, out, nc, Eigen::OuterStride<>(in));             // (out, nc)
+      if (accumulate)
+        DX.noalias() += DY * W;
+      else
+        DX.noalias() = DY * W;
+    });
+  }
+
+  /// The parameter gradients of y = x w^T + b: dw (out, in) = dy^T (out, rows) x (rows, in)
+  /// and, when db is not null, db (out) = the column sums of dy. Both overwrite.
+  /// Why blocks of dw's rows and columns, each one GEMM over all rows: the reduction over
+  /// rows (batch x sequence) stays inside one Eigen product whose blocking depends only on
+  /// the shapes, so no thread ever adds a partial sum of another (bitwise independence).
+  template <class T>
+  static void linear_backward_params(const Backend& be, const T* dy, index_t lddy, index_t rows,
+                                     index_t out, const T* x, index_t ldx, index_t in, T* dw,
+                                     T* db) {
+    if (out == 0) return;
+    const index_t row_blocks = (out + block_rows - 1) / block_rows;
+    const index_t col_blocks = (in + block_cols - 1) / block_cols;
+    parallel_for(threads(be), row_blocks * col_blocks, [&](index_t item) {
+      const index_t r0 = (item / col_blocks) * block_rows, c0 = (item % col_blocks) * block_cols;
+      const index_t nr = std::min(block_rows, out - r0), nc = std::min(block_cols, in - c0);
+      map<T> DW(dw + r0 * in + c0, nr, nc, Eigen::OuterStride<>(in));  // (nr, nc)
+      if (rows == 0) {
+        DW.setZero();
+        return;
+      }
+      const_map<T> DY(dy + r0, rows, nr, Eigen::OuterStride<>(lddy));  // (rows, nr)
+      const_map<T> X(x + c0, rows, nc, Eigen::OuterStride<>(ldx));     // (rows, nc)
+      DW.noalias() = DY.transpose() * X;
+    });
+    if (db != nullptr)
+      column_sums(be, rows, out, db, [&](index_t r, index_t c) { return dy[r * lddy + c]; });
+  }
+
+  /// sum[c] = sum over r in [0, rows) of f(r, c), rows in increasing order, for c in
+  /// [0, cols): threads own blocks of columns (the order of each sum never changes).
+  template <class T, class F>
+  static void column_sums(const Backend& be, index_t rows, index_t cols, T* sum, F f) {
+    constexpr index_t cols_per_block = 64;
+    const index_t blocks = (cols + cols_per_block - 1) / cols_per_block;
+    parallel_for(threads(be), blocks, [&](index_t blk) {
+      const index_t c0 = blk * cols_per_block, c1 = std::min(cols, c0 + cols_per_block);
+      for (index_t c = c0; c < c1; ++c) sum[c] = T(0);
+      for (index_t r = 0; r < rows; ++r)
+        for (index_t c = c0; c < c1; ++c) sum[c] += f(r, c);
+    });
+  }
+
+  /// y (rows, cols) = act(x) element-wise (the training forward keeps x, the pre-activation).
+  template <class T>
+  static void activation_forward(const Backend& be, const T* x, index_t ldx, T* y, index_t ldy,
+                                 index_t rows, index_t cols, activation act) {
+    const index_t blocks = (rows + norm_rows - 1) / norm_rows;
+    parallel_for(threads(be), blocks, [&](index_t blk) {
+      const index_t r0 = blk * norm_rows, nr = std::min(norm_rows, rows - r0);
+      copy_rows(be, x + r0 * ldx, ldx, y + r0 * ldy, ldy, nr, cols);
+      map<T> Y(y + r0 * ldy, nr, cols, Eigen::OuterStride<>(ldy));  // (nr, cols)
+      apply(act, Y);
+    });
+  }
+
+  /// dh (rows, cols) *= act'(x), x the pre-activation: the gradient through the activation.
+  /// exact: d/dx [x Phi(x)] = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi).
+  /// tanh:  with u = c (x + a x^3), t = tanh(u), c = sqrt(2/pi), a = 0.044715:
+  ///        d/dx [x/2 (1 + t)] = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 a x^2).
+  template <class T>
+  static void activation_backward(const Backend& be, const T* x, index_t ldx, T* dh, index_t ldh,
+                                  index_t rows, index_t cols, activation act) {
+    const index_t blocks = (rows + norm_rows - 1) / norm_rows;
+    parallel_for(threads(be), blocks, [&](index_t blk) {
+      for (index_t r = blk * norm_rows; r < std::min(rows, (blk + 1) * norm_rows); ++r) {
+        const T* in = x + r * ldx;
+        T* g = dh + r * ldh;
+        for (index_t i = 0; i < cols; ++i) {
+          const T v = in[i];
+          T d;
+          if (act == activation::gelu) {
+            const T cdf = T(0.5) * (T(1) + std::erf(v * T(0.70710678118654752440)));
+            d = cdf + v * T(0.39894228040143267794) * std::exp(T(-0.5) * v * v);
+          } else {
+            const T c = T(0.79788456080286535588), a = T(0.044715);
+            const T t = std::tanh(c * (v + a * v * v * v));
+            d = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * c * (T(1) + T(3) * a * v * v);
+          }
+          g[i] *= d;
+        }
+      }
+    });
+  }
+
+  /// The backward pass of layer_norm(x) = (x - mean) rstd gamma + beta per row of n
+  /// features. With xh = (x - mean) rstd and g = dy gamma:
+  ///   dx = rstd (g - mean(g) - xh mean(g xh))    (written, or added when accumulate)
+  ///   dgamma = sum over rows of dy xh,  dbeta = sum over rows of dy   (overwritten)
+  /// mean and rstd are recomputed from x exactly as layer_norm computes them (so nothing
+  /// but the normalized input has to be kept). dx may be dy.
+  template <class T>
+  static void layer_norm_backward(const Backend& be, const T* x, index_t ldx, const T* dy,
+                                  index_t lddy, index_t rows, index_t n, const T* gamma, float eps,
+                                  T* dx, index_t lddx, bool accumulate, T* dgamma, T* dbeta) {
+    if (n == 0) return;
+    std::vector<T> stats(static_cast<std::size_t>(2 * rows));  // (rows, [mean, rstd])
+    const index_t blocks = (rows + norm_rows - 1) / norm_rows;
+    parallel_for(threads(be), blocks, [&](index_t blk) {
+      for (index_t r = blk * norm_rows; r < std::min(rows, (blk + 1) * norm_rows); ++r) {
+        const T* in = x + r * ldx;
+        const T mean = row_sum(in, n, [](T v) { return v; }) / T(n);
+        const T var = row_sum(in, n, [mean](T v) { return (v - mean) * (v - mean); }) / T(n);
+        stats[static_cast<std::size_t>(2 * r)] = mean;
+        stats[static_cast<std::size_t>(2 * r + 1)] = T(1) / std::sqrt(var + T(eps));
+      }
+    });
+    // The parameter sums first: they read dy, which dx may overwrite.
+    if (dgamma != nullptr)
+      column_sums(be, rows, n, dgamma, [&](index_t r, index_t c) {
+        const T mean = stats[static_cast<std::size_t>(2 * r)];
+        const T inv = stats[static_cast<std::size_t>(2 * r + 1)];
+        return dy[r * lddy + c] * ((x[r * ldx + c] - mean) * inv);
+      });
+    if (dbeta != nullptr)
+      column_sums(be, rows, n, dbeta, [&](index_t r, index_t c) { return dy[r * lddy + c]; });
+    parallel_for(threads(be), blocks, [&](index_t blk) {
+      std::vector<T> g(static_cast<std::size_t>(n)), gx(static_cast<std::size_t>(n));  // (n)
+      for (index_t r = blk * norm_rows; r < std::min(rows, (blk + 1) * norm_rows); ++r) {
+        const T* in = x + r * ldx;
+        const T* d = dy + r * lddy;
+        const T mean = stats[static_cast<std::size_t>(2 * r)];
+        const T inv = stats[static_cast<std::size_t>(2 * r + 1)];
+        for (index_t i = 0; i < n; ++i) {
+          const std::size_t k = static_cast<std::size_t>(i);
+          g[k] = d[i] * gamma[i];
+          gx[k] = g[k] * ((in[i] - mean) * inv);
+        }
+        const T mg = row_sum(g.data(), n, [](T v) { return v; }) / T(n);
+        const T mgx = row_sum(gx.data(), n, [](T v) { return v; }) / T(n);
+        T* o = dx + r * lddx;
+        for (index_t i = 0; i < n; ++i) {
+          const std::size_t k = static_cast<std::size_t>(i);
+          const T v = inv * (g[k] - mg - (in[i] - mean) * inv * mgx);
+          o[i] = accumulate ? o[i] + v : v;
+        }
       }
     });
   }
