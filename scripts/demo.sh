@@ -16,3 +16,7 @@ done
 echo
 echo "== a quick run of the benchmark suite (scripts/bench-suite.sh; lengths up to 1024)"
 ALIBI_SUITE_QUICK=1 scripts/bench-suite.sh
+
+echo
+echo "== train short, test long, quick (scripts/extrapolation.sh --quick; the full run: scripts/extrapolation.sh)"
+scripts/extrapolation.sh --quick

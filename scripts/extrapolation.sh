@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Train short, test long: the ALiBi paper's extrapolation experiment with alibi on the CPU
+# (experiments/extrapolation). Installs the King James Bible (Debian's bible-kjv) and
+# python3-matplotlib where missing, builds alibi_extrapolation, trains the ALiBi, sinusoidal
+# and no-position models at L = 64, evaluates each at 1..32 x 64, and writes the results
+# (CSV, JSON, PNG plot, ALiBi checkpoint) into $ALIBI_BUILD_DIR/extrapolation/.
+#   --quick          150 training steps, small evaluation sets (about 1 minute; the demo)
+#   --update-plots   also copy the plot and the results into docs/plots/ (the README's)
+#   --steps N        training steps (default 2000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+update=0
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1; args+=(--quick) ;;
+    --update-plots) update=1 ;;
+    --steps) args+=(--steps "$2"); shift ;;
+    *) echo "usage: $0 [--quick] [--update-plots] [--steps N]" >&2; exit 2 ;;
+  esac
+  shift
+done
+start=$(date +%s)
+ALIBI_WITH_PLOTS=1 scripts/install-deps.sh
+if ! command -v bible >/dev/null; then
+  echo "alibi: installing bible-kjv (the corpus)"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends bible-kjv >/dev/null
+fi
+build=${ALIBI_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" --parallel "$(nproc)" --target alibi_extrapolation
+out=$build/extrapolation
+mkdir -p "$out"
+# One verse per line, without its reference ("Ge1:1 In the beginning ...").
+bible -f Gen1:1-Rev22:21 | sed 's/^[^ ]* //' >"$out/kjv.txt"
+echo "build and corpus: $(( $(date +%s) - start )) s"
+"$build/experiments/alibi_extrapolation" "$out/kjv.txt" "$out" --threads "$(nproc)" "${args[@]}" | tee "$out/log.txt"
+py=python3
+[ -x /usr/bin/python3 ] && py=/usr/bin/python3
+"$py" scripts/plot-extrapolation.py "$out/extrapolation.json" "$out/extrapolation.png"
+if [ $update = 1 ]; then
+  if [ $quick = 1 ]; then echo "--update-plots ignored with --quick" >&2; else
+    cp "$out/extrapolation.png" "$out/extrapolation.csv" "$out/extrapolation.json" docs/plots/
+    echo "updated docs/plots/extrapolation.{png,csv,json}"
+  fi
+fi
+echo "plot: $out/extrapolation.png; total $(( $(date +%s) - start )) s"
