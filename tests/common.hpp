@@ -429,6 +429,20 @@ inline std::vector<case_spec> grid_cases() {
   return cases;
 }
 
+/// v_head_dim != head_dim, with a key mask and GQA (2 query heads on 1 kv head), 2 entries.
+inline case_spec value_dim_case() {
+  case_spec c;
+  c.lq = 65;
+  c.lk = 300;
+  c.d = 64;
+  c.dv = 40;
+  c.hq = 2;
+  c.hkv = 1;
+  c.key_mask = true;
+  c.batch = 2;
+  return c;
+}
+
 /// Inputs x3/x5 (nearly one-hot softmax), slope scales 0, 16 and -0.5, scales 0 and 1.2:
 /// the cases beside the grid that every fused backend runs.
 inline std::vector<case_spec> scale_cases() {

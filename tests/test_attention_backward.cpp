@@ -515,16 +515,7 @@ TEST_CASE("eigen backward matches the reference backward on the case grid",
 TEST_CASE("eigen backward on large inputs, large slopes, custom scales",
           "[backward][eigen][grid][heavy]") {
   std::vector<case_spec> cases = alibi_test::scale_cases();
-  case_spec c;  // v head dim differs from q/k head dim, key mask, GQA
-  c.lq = 65;
-  c.lk = 300;
-  c.d = 64;
-  c.dv = 40;
-  c.hq = 2;
-  c.hkv = 1;
-  c.key_mask = true;
-  c.batch = 2;
-  cases.push_back(c);
+  cases.push_back(alibi_test::value_dim_case());
   run_grid(cases, true);
 }
 

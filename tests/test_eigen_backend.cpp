@@ -27,18 +27,7 @@ TEST_CASE("eigen backend matches the reference on the case grid", "[eigen][grid]
 
 TEST_CASE("eigen backend on large inputs, large slopes, custom scales", "[eigen][grid][heavy]") {
   std::vector<case_spec> cases = alibi_test::scale_cases();
-  {
-    case_spec c;  // v head dim differs from q/k head dim
-    c.lq = 65;
-    c.lk = 300;
-    c.d = 64;
-    c.dv = 40;
-    c.hq = 2;
-    c.hkv = 1;
-    c.key_mask = true;
-    c.batch = 2;
-    cases.push_back(c);
-  }
+  cases.push_back(alibi_test::value_dim_case());
   {
     case_spec c;  // v_head_dim 0: no output elements, but logsumexp is still computed
     c.lq = 30;

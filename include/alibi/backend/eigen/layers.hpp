@@ -63,17 +63,26 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
     if (static_cast<index_t>(b.size()) < n) b.resize(static_cast<std::size_t>(n));
   }
 
+  /// Calls f(r0, c0, nr, nc) for every (block_rows x block_cols) block of a (rows, cols)
+  /// output on the backend's threads. Each block is one thread's, whole, so what it computes
+  /// never depends on the thread count.
+  template <class F>
+  static void for_each_block(const Backend& be, index_t rows, index_t cols, F&& f) {
+    const index_t row_blocks = (rows + block_rows - 1) / block_rows;
+    const index_t col_blocks = (cols + block_cols - 1) / block_cols;
+    parallel_for(threads(be), row_blocks * col_blocks, [&](index_t item) {
+      const index_t r0 = (item / col_blocks) * block_rows, c0 = (item % col_blocks) * block_cols;
+      f(r0, c0, std::min(block_rows, rows - r0), std::min(block_cols, cols - c0));
+    });
+  }
+
   /// y (rows, out) = act(x (rows, in) w (out, in)^T + bias), or y += x w^T + bias.
   template <class T>
   static void linear(const Backend& be, const T* x, index_t ldx, index_t rows, index_t in,
                      const T* w, const T* bias, index_t out, T* y, index_t ldy, bool accumulate,
                      const activation* act) {
     if (rows == 0 || out == 0) return;
-    const index_t row_blocks = (rows + block_rows - 1) / block_rows;
-    const index_t col_blocks = (out + block_cols - 1) / block_cols;
-    parallel_for(threads(be), row_blocks * col_blocks, [&](index_t item) {
-      const index_t r0 = (item / col_blocks) * block_rows, c0 = (item % col_blocks) * block_cols;
-      const index_t nr = std::min(block_rows, rows - r0), nc = std::min(block_cols, out - c0);
+    for_each_block(be, rows, out, [&](index_t r0, index_t c0, index_t nr, index_t nc) {
       map<T> Y(y + r0 * ldy + c0, nr, nc, Eigen::OuterStride<>(ldy));  // (nr, nc)
       if (in == 0) {
         if (!accumulate) Y.setZero();
@@ -156,11 +165,7 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
                                     index_t out, const T* w, index_t in, T* dx, index_t lddx,
                                     bool accumulate) {
     if (rows == 0 || in == 0) return;
-    const index_t row_blocks = (rows + block_rows - 1) / block_rows;
-    const index_t col_blocks = (in + block_cols - 1) / block_cols;
-    parallel_for(threads(be), row_blocks * col_blocks, [&](index_t item) {
-      const index_t r0 = (item / col_blocks) * block_rows, c0 = (item % col_blocks) * block_cols;
-      const index_t nr = std::min(block_rows, rows - r0), nc = std::min(block_cols, in - c0);
+    for_each_block(be, rows, in, [&](index_t r0, index_t c0, index_t nr, index_t nc) {
       map<T> DX(dx + r0 * lddx + c0, nr, nc, Eigen::OuterStride<>(lddx));  // (nr, nc)
       if (out == 0) {
         if (!accumulate) DX.setZero();
@@ -185,11 +190,7 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
                                      index_t out, const T* x, index_t ldx, index_t in, T* dw,
                                      T* db) {
     if (out == 0) return;
-    const index_t row_blocks = (out + block_rows - 1) / block_rows;
-    const index_t col_blocks = (in + block_cols - 1) / block_cols;
-    parallel_for(threads(be), row_blocks * col_blocks, [&](index_t item) {
-      const index_t r0 = (item / col_blocks) * block_rows, c0 = (item % col_blocks) * block_cols;
-      const index_t nr = std::min(block_rows, out - r0), nc = std::min(block_cols, in - c0);
+    for_each_block(be, out, in, [&](index_t r0, index_t c0, index_t nr, index_t nc) {
       map<T> DW(dw + r0 * in + c0, nr, nc, Eigen::OuterStride<>(in));  // (nr, nc)
       if (rows == 0) {
         DW.setZero();
