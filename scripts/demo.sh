@@ -6,8 +6,8 @@ scripts/install-deps.sh
 build=${ALIBI_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" --parallel "$(nproc)" --target alibi_example_slopes_and_bias alibi_example_quickstart \
-  alibi_example_transformer_layer alibi_example_greedy_decode
-for example in slopes_and_bias quickstart transformer_layer greedy_decode; do
+  alibi_example_transformer_layer alibi_example_greedy_decode alibi_example_attention_backward
+for example in slopes_and_bias quickstart transformer_layer greedy_decode attention_backward; do
   echo
   echo "== examples/${example}.cpp"
   "$build/examples/alibi_example_${example}"
