@@ -7,17 +7,24 @@
 #   --quick          150 training steps, small evaluation sets (about 1 minute; the demo)
 #   --update-plots   also copy the plot and the results into docs/plots/ (the README's)
 #   --steps N        training steps (default 2000)
+#   --train-len L    training window in bytes (default 64; the evaluation uses 1..32 x L)
+#   --batch B        windows per step (default 32)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
 update=0
+train_len=64
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1; args+=(--quick) ;;
     --update-plots) update=1 ;;
-    --steps) args+=(--steps "$2"); shift ;;
-    *) echo "usage: $0 [--quick] [--update-plots] [--steps N]" >&2; exit 2 ;;
+    --steps | --train-len | --batch)
+      [ "$1" = --train-len ] && train_len=$2
+      args+=("$1" "$2")
+      shift
+      ;;
+    *) echo "usage: $0 [--quick] [--update-plots] [--steps N] [--train-len L] [--batch B]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -32,7 +39,10 @@ fi
 build=${ALIBI_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" --parallel "$(nproc)" --target alibi_extrapolation
-out=$build/extrapolation
+# Results of other training lengths go beside those of 64: extrapolation_L<len>.*
+suffix=""
+[ "$train_len" != 64 ] && suffix=_L$train_len
+out=$build/extrapolation$suffix
 mkdir -p "$out"
 # One verse per line, without its reference ("Ge1:1 In the beginning ...").
 bible -f Gen1:1-Rev22:21 | sed 's/^[^ ]* //' >"$out/kjv.txt"
@@ -43,8 +53,8 @@ py=python3
 "$py" scripts/plot-extrapolation.py "$out/extrapolation.json" "$out/extrapolation.png"
 if [ $update = 1 ]; then
   if [ $quick = 1 ]; then echo "--update-plots ignored with --quick" >&2; else
-    cp "$out/extrapolation.png" "$out/extrapolation.csv" "$out/extrapolation.json" docs/plots/
-    echo "updated docs/plots/extrapolation.{png,csv,json}"
+    for ext in png csv json; do cp "$out/extrapolation.$ext" "docs/plots/extrapolation$suffix.$ext"; done
+    echo "updated docs/plots/extrapolation$suffix.{png,csv,json}"
   fi
 fi
 echo "plot: $out/extrapolation.png; total $(( $(date +%s) - start )) s"

@@ -6,7 +6,8 @@
 // windows. Then the ALiBi model is saved, reloaded, and generates text past its training
 // length through the KV cache. scripts/extrapolation.sh prepares the corpus and runs this.
 //
-//   alibi_extrapolation CORPUS OUT_DIR [--quick] [--steps N] [--train-len L] [--threads T]
+//   alibi_extrapolation CORPUS OUT_DIR [--quick] [--steps N] [--train-len L] [--batch B]
+//                       [--threads T]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -180,6 +181,8 @@ int main(int argc, char** argv) {
       o.quick = true;
     else if (a == "--steps")
       o.steps = next();
+    else if (a == "--batch")
+      o.batch = next();
     else if (a == "--train-len")
       o.train_len = next();
     else if (a == "--threads")
@@ -189,7 +192,8 @@ int main(int argc, char** argv) {
   }
   if (pos.size() != 2) {
     std::fprintf(stderr,
-                 "usage: %s CORPUS OUT_DIR [--quick] [--steps N] [--train-len L] [--threads T]\n",
+                 "usage: %s CORPUS OUT_DIR [--quick] [--steps N] [--train-len L] [--batch B] "
+                 "[--threads T]\n",
                  argv[0]);
     return 2;
   }
