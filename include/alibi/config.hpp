@@ -40,27 +40,37 @@
 #endif
 
 // ALIBI_CPU_ISA: the name of the inline namespace that holds alibi's CPU code compiled for
-// this translation unit's instruction set. Translation units built with different -march
-// flags get differently named kernels, so the linker never merges an AVX-512 kernel with a
-// baseline one (see the README's architecture section). Only the name depends on the flags.
+// this translation unit's instruction set and OpenMP setting. Translation units built with
+// different -march flags get differently named kernels, so the linker never merges an
+// AVX-512 kernel with a baseline one (see the README's architecture section). With -fopenmp
+// the CPU code differs too (detail::parallel_for keeps Eigen's products single-threaded in
+// alibi's workers), so the name gains "_omp". Only the name depends on the flags.
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-#define ALIBI_CPU_ISA isa_avx512dq
+#define ALIBI_CPU_ISA_BASE isa_avx512dq
 #elif defined(__AVX512F__)
-#define ALIBI_CPU_ISA isa_avx512f
+#define ALIBI_CPU_ISA_BASE isa_avx512f
 #elif defined(__AVX2__) && defined(__FMA__)
-#define ALIBI_CPU_ISA isa_avx2_fma
+#define ALIBI_CPU_ISA_BASE isa_avx2_fma
 #elif defined(__AVX2__)
-#define ALIBI_CPU_ISA isa_avx2
+#define ALIBI_CPU_ISA_BASE isa_avx2
 #elif defined(__AVX__)
-#define ALIBI_CPU_ISA isa_avx
+#define ALIBI_CPU_ISA_BASE isa_avx
 #elif defined(__SSE4_2__)
-#define ALIBI_CPU_ISA isa_sse4_2
+#define ALIBI_CPU_ISA_BASE isa_sse4_2
 #elif defined(__SSE2__)
-#define ALIBI_CPU_ISA isa_sse2
+#define ALIBI_CPU_ISA_BASE isa_sse2
 #elif defined(__ARM_NEON)
-#define ALIBI_CPU_ISA isa_neon
+#define ALIBI_CPU_ISA_BASE isa_neon
 #else
-#define ALIBI_CPU_ISA isa_generic
+#define ALIBI_CPU_ISA_BASE isa_generic
+#endif
+
+#define ALIBI_CAT_IMPL(a, b) a##b
+#define ALIBI_CAT(a, b) ALIBI_CAT_IMPL(a, b)
+#if defined(_OPENMP)
+#define ALIBI_CPU_ISA ALIBI_CAT(ALIBI_CPU_ISA_BASE, _omp)
+#else
+#define ALIBI_CPU_ISA ALIBI_CPU_ISA_BASE
 #endif
 
 #ifdef __cplusplus

@@ -10,6 +10,10 @@
 #include <mutex>
 #include <thread>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include <unsupported/Eigen/CXX11/ThreadPool>
 
 #include "alibi/tensor_view.hpp"
@@ -53,6 +57,48 @@ inline int pool_threads() {
   return r.pool ? r.pool->NumThreads() : 0;
 }
 
+// The code below differs with -fopenmp, so it lives in the inline namespace whose name says
+// so (ALIBI_CPU_ISA): a program mixing OpenMP and non-OpenMP translation units keeps both.
+inline namespace ALIBI_CPU_ISA {
+
+/// While alive, Eigen's matrix products on this thread run single-threaded; the thread's
+/// previous OpenMP setting comes back at the end of the scope.
+///
+/// Why: in a program built with -fopenmp, Eigen runs every large enough product with an
+/// OpenMP team of Eigen::nbThreads() = omp_get_max_threads() threads unless the thread is
+/// already in a team. alibi's pool threads are not OpenMP threads, so each would start a team
+/// of its own: threads x OpenMP threads runnable at once (4-14x slower in issue 21), and
+/// Eigen's GEMM blocking, so the rounding of the results, would depend on the team size.
+/// alibi's threading is the only one inside a call. omp_get_max_threads() reads nthreads-var,
+/// an ICV of the current task: outside a parallel region each thread has its own, so setting
+/// it here changes only this thread, for this scope (on the calling thread too, where the
+/// user's value is restored). Eigen::setNbThreads(1) is not used: it is process-wide and
+/// would change the user's own products, from any thread, while alibi runs.
+/// Limit: a value the user set with Eigen::setNbThreads(n > 1) takes precedence over the ICV
+/// in Eigen, so products in alibi's workers would start teams again; leave it unset and size
+/// OpenMP with OMP_NUM_THREADS or omp_set_num_threads instead.
+class single_threaded_products {
+ public:
+  single_threaded_products() noexcept {
+#ifdef _OPENMP
+    saved_ = omp_get_max_threads();
+    if (saved_ != 1) omp_set_num_threads(1);
+#endif
+  }
+  ~single_threaded_products() {
+#ifdef _OPENMP
+    if (saved_ != 1) omp_set_num_threads(saved_);
+#endif
+  }
+  single_threaded_products(const single_threaded_products&) = delete;
+  single_threaded_products& operator=(const single_threaded_products&) = delete;
+
+#ifdef _OPENMP
+ private:
+  int saved_ = 1;
+#endif
+};
+
 /// Calls f(item) for item in [0, count) on up to `threads` threads (the caller included).
 /// Which thread runs an item never changes what the item computes, so results do not
 /// depend on the thread count (the pool may have more threads than asked for; only
@@ -64,6 +110,7 @@ template <class F>
 void parallel_for(int threads, index_t count, F&& f) {
   const index_t helpers = std::min<index_t>(threads, count) - 1;
   if (helpers <= 0) {
+    const single_threaded_products serial;
     for (index_t i = 0; i < count; ++i) f(i);
     return;
   }
@@ -74,6 +121,7 @@ void parallel_for(int threads, index_t count, F&& f) {
     std::mutex error_mutex;
     std::exception_ptr error;
     void drain() noexcept {
+      const single_threaded_products serial;  // on the pool threads and the caller
       try {
         for (index_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) (*f)(i);
       } catch (...) {
@@ -114,5 +162,6 @@ void parallel_for(int threads, index_t count, F&& f) {
   if (ctx.error) std::rethrow_exception(ctx.error);
 }
 
+}  // namespace ALIBI_CPU_ISA
 }  // namespace detail
 }  // namespace alibi
