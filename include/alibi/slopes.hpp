@@ -53,6 +53,9 @@ inline std::vector<float> slopes_slice(std::int64_t global_heads, std::int64_t h
                         ")"));
   if (!std::isfinite(max_bias) || !std::isfinite(scale))
     detail::raise(error("alibi::slopes_slice: max_bias and scale must be finite"));
+  if (static_cast<std::uint64_t>(count) > std::vector<float>().max_size())
+    detail::raise(error("alibi::slopes_slice: count (" + std::to_string(count) +
+                        ") slopes do not fit in a std::vector<float>"));
   std::vector<float> out(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i)
     out[static_cast<std::size_t>(i)] = slope(head_offset + i, global_heads, max_bias) * scale;
