@@ -21,16 +21,22 @@ namespace detail {
 
 /// The JSON subset a safetensors header uses: objects, arrays, strings, integers (other
 /// numbers, true, false and null are accepted and kept as their kind only).
+///
+/// An object's members are `keys[i]: items[i]`, an array's elements `items`. Why not a
+/// std::vector<std::pair<std::string, json_value>>: naming a pair of the type inside its own
+/// definition needs the type complete where C++20's constexpr ~vector is instantiated, which
+/// clang (14 and later, with libstdc++) does eagerly; std::vector<json_value> alone is allowed
+/// for an incomplete element type since C++17.
 struct json_value {
   enum class kind { null, boolean, integer, number, string, array, object } type = kind::null;
   std::int64_t integer = 0;
   std::string text;
-  std::vector<json_value> items;
-  std::vector<std::pair<std::string, json_value>> members;
+  std::vector<json_value> items;  // array elements, or object member values
+  std::vector<std::string> keys;  // object member names (keys[i] names items[i])
 
   const json_value* find(const std::string& key) const {
-    for (const auto& m : members)
-      if (m.first == key) return &m.second;
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &items[i];
     return nullptr;
   }
 };
@@ -85,9 +91,9 @@ class json_parser {
       if (consume('}')) return v;
       do {
         skip_space();
-        std::string key = string();
+        v.keys.push_back(string());
         expect(':');
-        v.members.emplace_back(std::move(key), value(depth + 1));
+        v.items.push_back(value(depth + 1));
       } while (consume(','));
       expect('}');
     } else if (*p_ == '[') {
@@ -314,18 +320,20 @@ class safetensors {
     if (root.type != detail::json_value::kind::object) st.fail("the header is not a JSON object");
     st.data_offset_ = 8 + static_cast<std::size_t>(n);
     const std::size_t data_size = bytes.size() - st.data_offset_;
-    for (const auto& m : root.members) {
-      if (m.first == "__metadata__") {
-        if (m.second.type != detail::json_value::kind::object)
+    for (std::size_t i = 0; i < root.keys.size(); ++i) {
+      const std::string& name = root.keys[i];
+      const detail::json_value& entry = root.items[i];
+      if (name == "__metadata__") {
+        if (entry.type != detail::json_value::kind::object)
           st.fail("__metadata__ is not an object");
-        for (const auto& kv : m.second.members) {
-          if (kv.second.type != detail::json_value::kind::string)
-            st.fail("__metadata__ value '" + kv.first + "' is not a string");
-          st.metadata_[kv.first] = kv.second.text;
+        for (std::size_t j = 0; j < entry.keys.size(); ++j) {
+          if (entry.items[j].type != detail::json_value::kind::string)
+            st.fail("__metadata__ value '" + entry.keys[j] + "' is not a string");
+          st.metadata_[entry.keys[j]] = entry.items[j].text;
         }
         continue;
       }
-      st.tensors_[m.first] = st.tensor_entry(m.first, m.second, data_size);
+      st.tensors_[name] = st.tensor_entry(name, entry, data_size);
     }
     st.bytes_ = std::move(bytes);
     return st;

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: MIT
+// Compiled (not run) by the "headers:" ctest tests with every compiler and standard CI
+// covers (g++ and clang++, C++17 and C++20) at -Wall -Wextra -Wpedantic -Werror, with Eigen
+// as a system include: <alibi/alibi.hpp> and the templates a CPU user instantiates first
+// (attention on both host backends, the Eigen adapters, safetensors, a Transformer layer with
+// a KV cache) must compile warning-free everywhere.
+#include <vector>
+
+#include <alibi/alibi.hpp>
+
+using alibi::index_t;
+
+void attention_calls(const std::vector<float>& q, std::vector<float>& out,
+                     std::vector<double>& ref) {
+  const auto qv = alibi::view_bshd(q.data(), 1, 4, 2, 8);
+  alibi::attention_params params;
+  params.mask.causal = true;
+  alibi::attention(alibi::backend::eigen{2}, qv, qv, qv, alibi::view_bshd(out.data(), 1, 4, 2, 8),
+                   params);
+  alibi::attention(alibi::backend::reference{}, qv, qv, qv,
+                   alibi::view_bshd(ref.data(), 1, 4, 2, 8), params);
+}
+
+void eigen_adapters(
+    Eigen::Tensor<float, 4, Eigen::RowMajor>& bshd, Eigen::Tensor<float, 3>& cm,
+    const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>& x) {
+  const auto view = alibi::from_eigen(
+      Eigen::TensorMap<Eigen::Tensor<float, 4, Eigen::RowMajor>>(bshd.data(), bshd.dimensions()));
+  const auto col = alibi::from_eigen(cm);
+  alibi::to_eigen<Eigen::ColMajor>(col);
+  alibi::to_eigen(view);
+  alibi::to_eigen_bshd(alibi::view_bshd(x, 1, 4, 2, 8));
+  alibi::bias_matrix(2, 3, 4);
+}
+
+void layer_and_checkpoint(const std::vector<unsigned char>& bytes, std::vector<float>& x) {
+  alibi::layer_config config;
+  config.attention.embed_dim = 16;
+  config.attention.q_heads = 2;
+  config.ff_dim = 32;
+  alibi::transformer_layer<float, alibi::backend::eigen> layer(config, alibi::backend::eigen{1});
+  alibi::load_parameters(layer, alibi::safetensors::parse(bytes), "layers.0.");
+  auto cache = alibi::kv_cache<float, alibi::backend::eigen>::for_module(layer, 1, 8);
+  const auto xv = alibi::make_view(x.data(), index_t{1}, index_t{4}, index_t{16});
+  layer.forward(xv, xv, cache, alibi::forward_options{});
+}
