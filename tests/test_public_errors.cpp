@@ -42,10 +42,8 @@ TEST_CASE("sizes that cannot exist are alibi::error", "[errors]") {
              Catch::StartsWith("alibi::error: alibi::bias_matrix: heads * q_len * k_len"));
 }
 
-// Fails until include/alibi/layers/kv_cache.hpp checks the sequence index itself (length,
-// clear and truncate use std::vector::at, so a bad b is std::out_of_range); that header is
-// being changed elsewhere at the time of writing. Remove [!mayfail] with the fix.
-TEST_CASE("kv_cache sequence indices are checked as arguments", "[errors][!mayfail]") {
+// length, clear and truncate used std::vector::at: a bad b was std::out_of_range.
+TEST_CASE("kv_cache sequence indices are checked as arguments", "[errors]") {
   using cpu = alibi::backend::eigen;
   alibi::kv_cache<float, cpu> cache(cpu{1}, 2, 8, 1, 4);
   for (const index_t b : {index_t{-1}, index_t{2}}) {

@@ -61,15 +61,15 @@ class kv_cache {
   index_t kv_heads() const { return kv_heads_; }
   index_t head_dim() const { return head_dim_; }
   /// Tokens held by sequence b.
-  index_t length(index_t b) const { return lengths_.at(static_cast<std::size_t>(b)); }
+  index_t length(index_t b) const { return lengths_[sequence(b, "length")]; }
   const std::vector<index_t>& lengths() const { return lengths_; }
   /// Forgets every sequence (or sequence b), e.g. to start a new prompt in that slot.
   void clear() { std::fill(lengths_.begin(), lengths_.end(), index_t{0}); }
-  void clear(index_t b) { lengths_.at(static_cast<std::size_t>(b)) = 0; }
+  void clear(index_t b) { lengths_[sequence(b, "clear")] = 0; }
   /// Keeps the first `length` tokens of sequence b (rolling back rejected speculative tokens,
   /// or re-running a step); `length` must not exceed what the sequence holds.
   void truncate(index_t b, index_t length) {
-    index_t& n = lengths_.at(static_cast<std::size_t>(b));
+    index_t& n = lengths_[sequence(b, "truncate")];
     if (length < 0 || length > n)
       detail::raise(error("alibi::kv_cache::truncate: length must be in [0, " + detail::str(n) +
                           "] for sequence " + detail::str(b) + ", got " + detail::str(length)));
@@ -83,6 +83,14 @@ class kv_cache {
 
  private:
   friend class multi_head_attention<T, Backend>;
+  /// b as an index into lengths_, or an alibi::error naming `who`'s argument b.
+  std::size_t sequence(index_t b, const char* who) const {
+    if (b < 0 || b >= batch_)
+      detail::raise(error(std::string("alibi::kv_cache::") + who +
+                          ": b (the sequence) must be in [0, " + detail::str(batch_) + "), got " +
+                          detail::str(b)));
+    return static_cast<std::size_t>(b);
+  }
   index_t max_length() const {
     index_t m = 0;
     for (index_t n : lengths_) m = std::max(m, n);
