@@ -213,6 +213,18 @@ struct naive_result {
   double value_scale = 0;  // max |v| over the keys some row uses
 };
 
+/// The fp32 contract score of query row i (head h) against key j, as a naive fp32
+/// implementation computes it: a float dot product, then scale and the float bias.
+inline float naive_score(const alibi::detail::attention_problem& p, const case_data& c, index_t b,
+                         index_t h, index_t i, index_t j) {
+  float dot = 0;
+  for (index_t d = 0; d < c.spec.d; ++d)
+    dot += c.q.view(b, h, i, d) * c.k.view(b, p.kv_head(h), j, d);
+  return p.scale * dot +
+         (p.slopes.enabled ? alibi::alibi_bias(p.slope(b, h), p.q_offset(b) + i, p.k_offset(b) + j)
+                           : 0.0f);
+}
+
 template <class Round>
 naive_result run_naive(case_data& c, Round round) {
   const case_spec& s = c.spec;
@@ -233,12 +245,7 @@ naive_result run_naive(case_data& c, Round round) {
         float m = -std::numeric_limits<float>::infinity();
         for (index_t j = kr.begin; j < kr.end; ++j) {
           if (p.key_excluded(b, j)) continue;
-          float dot = 0;
-          for (index_t d = 0; d < s.d; ++d) dot += c.q.view(b, h, i, d) * c.k.view(b, hk, j, d);
-          row[j] = p.scale * dot +
-                   (p.slopes.enabled
-                        ? alibi::alibi_bias(p.slope(b, h), p.q_offset(b) + i, p.k_offset(b) + j)
-                        : 0.0f);
+          row[j] = naive_score(p, c, b, h, i, j);
           m = std::max(m, row[j]);
           for (index_t d = 0; d < s.v_dim(); ++d)
             r.value_scale =

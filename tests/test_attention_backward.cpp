@@ -321,13 +321,7 @@ backward_oracle make_oracle(backward_case& bc) {
         float m = -std::numeric_limits<float>::infinity();
         for (index_t j = kr.begin; j < kr.end; ++j) {
           if (p.key_excluded(b, j)) continue;
-          float dot = 0;
-          for (index_t d = 0; d < s.d; ++d)
-            dot += bc.c.q.view(b, h, i, d) * bc.c.k.view(b, hk, j, d);
-          pr[j] = p.scale * dot +
-                  (p.slopes.enabled
-                       ? alibi::alibi_bias(p.slope(b, h), p.q_offset(b) + i, p.k_offset(b) + j)
-                       : 0.0f);
+          pr[j] = alibi_test::naive_score(p, bc.c, b, h, i, j);
           m = std::max(m, pr[j]);
         }
         if (m == -std::numeric_limits<float>::infinity()) continue;

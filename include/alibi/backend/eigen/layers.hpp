@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -131,6 +132,16 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
     return acc[0];
   }
 
+  /// The mean and 1/sqrt(var + eps) (biased variance) of one row of n features: the one
+  /// computation of layer_norm and layer_norm_backward, so that the backward's recomputed
+  /// statistics are bitwise the forward's.
+  template <class T>
+  static std::pair<T, T> row_moments(const T* in, index_t n, float eps) {
+    const T mean = row_sum(in, n, [](T v) { return v; }) / T(n);
+    const T var = row_sum(in, n, [mean](T v) { return (v - mean) * (v - mean); }) / T(n);
+    return {mean, T(1) / std::sqrt(var + T(eps))};
+  }
+
   /// y = (x - mean) / sqrt(var + eps) * gamma + beta per row of n features (biased variance,
   /// as nn.LayerNorm). Two passes over the row: the variance of x - mean does not cancel.
   template <class T>
@@ -141,9 +152,7 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
     parallel_for(threads(be), blocks, [&](index_t blk) {
       for (index_t r = blk * norm_rows; r < std::min(rows, (blk + 1) * norm_rows); ++r) {
         const T* in = x + r * ldx;
-        const T mean = row_sum(in, n, [](T v) { return v; }) / T(n);
-        const T var = row_sum(in, n, [mean](T v) { return (v - mean) * (v - mean); }) / T(n);
-        const T inv = T(1) / std::sqrt(var + T(eps));
+        const auto [mean, inv] = row_moments(in, n, eps);
         T* o = y + r * ldy;
         for (index_t i = 0; i < n; ++i) o[i] = (in[i] - mean) * inv * gamma[i] + beta[i];
       }
@@ -275,11 +284,9 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
     const index_t blocks = (rows + norm_rows - 1) / norm_rows;
     parallel_for(threads(be), blocks, [&](index_t blk) {
       for (index_t r = blk * norm_rows; r < std::min(rows, (blk + 1) * norm_rows); ++r) {
-        const T* in = x + r * ldx;
-        const T mean = row_sum(in, n, [](T v) { return v; }) / T(n);
-        const T var = row_sum(in, n, [mean](T v) { return (v - mean) * (v - mean); }) / T(n);
+        const auto [mean, inv] = row_moments(x + r * ldx, n, eps);
         stats[static_cast<std::size_t>(2 * r)] = mean;
-        stats[static_cast<std::size_t>(2 * r + 1)] = T(1) / std::sqrt(var + T(eps));
+        stats[static_cast<std::size_t>(2 * r + 1)] = inv;
       }
     });
     // The parameter sums first: they read dy, which dx may overwrite.
