@@ -116,7 +116,9 @@ TEST_CASE("language model gradients match finite differences", "[lm]") {
   }
 }
 
-TEST_CASE("a few training steps reduce the loss; checkpoints round-trip", "[lm]") {
+TEST_CASE(
+    "a few training steps reduce the loss, checkpoints round-trip, decoding equals the forward",
+    "[lm]") {
   const std::vector<int> text = tiny_corpus();
   lm::config c;
   c.embed = 32;
