@@ -23,3 +23,4 @@
 #include "alibi/safetensors.hpp"
 #include "alibi/slopes.hpp"
 #include "alibi/tensor_view.hpp"
+#include "alibi/version.hpp"

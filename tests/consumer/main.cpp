@@ -2,6 +2,7 @@
 // A downstream program: builds against an installed or vendored alibi and checks one result.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include <alibi/alibi.hpp>
@@ -15,6 +16,15 @@ int main() {
                    alibi::make_view(out.data(), 1, 1, 1, 4));
   const double w = std::exp(-1.0 / 256);
   const double expect = (1 * w + 3) / (w + 1);
-  std::printf("alibi consumer: out = %.7f (expected %.7f)\n", out[0], expect);
+  std::printf("alibi %s consumer: out = %.7f (expected %.7f)\n", ALIBI_VERSION_STRING, out[0],
+              expect);
+#ifdef ALIBI_CONSUMER_EXPECT_VERSION
+  // The version the package was found with (CMake's alibi_VERSION).
+  if (std::strcmp(ALIBI_VERSION_STRING, ALIBI_CONSUMER_EXPECT_VERSION) != 0) {
+    std::printf("alibi/version.hpp says %s, the package says %s\n", ALIBI_VERSION_STRING,
+                ALIBI_CONSUMER_EXPECT_VERSION);
+    return 1;
+  }
+#endif
   return std::abs(out[0] - expect) < 1e-6 ? 0 : 1;
 }
