@@ -4,7 +4,8 @@
 #      (Debug, -O1) and runs the unit tests except the [heavy] grids and 40 fuzz seeds (skip
 #      with ALIBI_SANITIZE_TESTS=0);
 #   2. builds every target in Release (with the CUDA targets when nvcc is found) and runs every
-#      ctest test: unit, consumer, example and fuzz (1,000 seeds) tests.
+#      ctest test: unit, consumer, example and fuzz (1,000 seeds) tests;
+#   3. builds the API reference (alibi_docs, Doxygen; any warning fails it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -25,3 +26,5 @@ fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" --parallel "$jobs"
 ctest --test-dir "$build" --output-on-failure --parallel "$jobs"
+echo "== API reference (Doxygen, warnings are errors): $build/docs/html/index.html"
+cmake --build "$build" --target alibi_docs
