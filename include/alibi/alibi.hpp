@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // The CPU entry point: slopes, bias matrices, the attention front end and its backward pass,
 // the reference and Eigen backends, the layers (attention module, Transformer layer, KV
-// cache) and safetensors loading. CUDA users include <alibi/cuda.cuh> in addition.
+// cache) and, where nlohmann/json is installed, safetensors loading (the optional
+// alibi::safetensors component: link it, or include <alibi/safetensors.hpp> and
+// <alibi/layers/checkpoint.hpp> yourself). CUDA users include <alibi/cuda.cuh> in addition.
 #pragma once
 
 #include "alibi/attention.hpp"
@@ -18,9 +20,15 @@
 #include "alibi/eigen.hpp"
 #include "alibi/error.hpp"
 #include "alibi/layers.hpp"
-#include "alibi/layers/checkpoint.hpp"
 #include "alibi/merge.hpp"
-#include "alibi/safetensors.hpp"
 #include "alibi/slopes.hpp"
 #include "alibi/tensor_view.hpp"
 #include "alibi/version.hpp"
+
+// The optional safetensors component needs nlohmann/json: alibi::alibi does not, so it is
+// included here only where the header is on the include path (alibi::safetensors puts it
+// there; the declarations are the same in every translation unit that has them).
+#if __has_include(<nlohmann/json.hpp>)
+#include "alibi/layers/checkpoint.hpp"
+#include "alibi/safetensors.hpp"
+#endif

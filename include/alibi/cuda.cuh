@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 // The CUDA backend, for translation units compiled by nvcc: alibi::attention with
 // alibi::backend::cuda{stream} on device tensors of float, __half or __nv_bfloat16, and the
-// layers (multi_head_attention, transformer_layer, kv_cache) on it, with safetensors loading.
+// layers (multi_head_attention, transformer_layer, kv_cache) on it. Checkpoints: safetensors
+// files are read in a host translation unit (<alibi/safetensors.hpp>, alibi::safetensors: it
+// converts with Eigen::half / Eigen::bfloat16, and Eigen does not enter nvcc files); hand the
+// floats to the layers' set(name, data, shape).
 #pragma once
 
 #include "alibi/attention.hpp"
@@ -9,7 +12,5 @@
 #include "alibi/backend/cuda/layers.cuh"
 #include "alibi/bias.hpp"
 #include "alibi/layers.hpp"
-#include "alibi/layers/checkpoint.hpp"
 #include "alibi/merge.hpp"
-#include "alibi/safetensors.hpp"
 #include "alibi/slopes.hpp"

@@ -1,291 +1,216 @@
 // SPDX-License-Identifier: MIT
 // Reading and writing safetensors files (the format of Hugging Face checkpoints: an 8-byte
 // little-endian header length, a JSON header naming each tensor's dtype, shape and byte
-// range, then the raw little-endian data), and loading module parameters from them.
+// range, then the raw little-endian data), one file or a sharded checkpoint
+// (model.safetensors.index.json), and converting their tensors to float.
+//
+// The optional safetensors component: link alibi::safetensors (it brings nlohmann/json, which
+// parses the headers). Not for nvcc translation units: the conversions use Eigen::half and
+// Eigen::bfloat16, and Eigen types do not cross into CUDA code (load in a host file).
 #pragma once
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <Eigen/Core>
+#include <nlohmann/json.hpp>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
+
+#include "alibi/config.hpp"
 #include "alibi/error.hpp"
 #include "alibi/tensor_view.hpp"
 
 namespace alibi {
 namespace detail {
 
-/// The JSON subset a safetensors header uses: objects, arrays, strings, integers (other
-/// numbers, true, false and null are accepted and kept as their kind only).
-///
-/// An object's members are `keys[i]: items[i]`, an array's elements `items`. Why not a
-/// std::vector<std::pair<std::string, json_value>>: naming a pair of the type inside its own
-/// definition needs the type complete where C++20's constexpr ~vector is instantiated, which
-/// clang (14 and later, with libstdc++) does eagerly; std::vector<json_value> alone is allowed
-/// for an incomplete element type since C++17.
-struct json_value {
-  enum class kind { null, boolean, integer, number, string, array, object } type = kind::null;
-  std::int64_t integer = 0;
-  std::string text;
-  std::vector<json_value> items;  // array elements, or object member values
-  std::vector<std::string> keys;  // object member names (keys[i] names items[i])
-
-  const json_value* find(const std::string& key) const {
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      if (keys[i] == key) return &items[i];
-    return nullptr;
-  }
-};
-
-class json_parser {
+/// The bytes of a safetensors file: a read-only memory mapping of it, or a buffer in memory
+/// (a file that cannot be mapped, or bytes handed to safetensors::parse). Shared, never
+/// modified, so that copies of a safetensors object share one mapping.
+class file_bytes {
  public:
-  json_parser(const char* begin, const char* end, std::string origin)
-      : p_(begin), end_(end), origin_(std::move(origin)) {}
-
-  json_value parse_document() {
-    json_value v = value(0);
-    skip_space();
-    if (p_ != end_) fail("unexpected text after the header's JSON object");
-    return v;
+  explicit file_bytes(std::vector<unsigned char> buffer)
+      : buffer_(std::move(buffer)), data_(buffer_.data()), size_(buffer_.size()) {}
+  file_bytes(const file_bytes&) = delete;
+  file_bytes& operator=(const file_bytes&) = delete;
+  ~file_bytes() {
+#if defined(__unix__) || defined(__APPLE__)
+    if (mapped_) ::munmap(const_cast<unsigned char*>(data_), size_);
+#endif
   }
+
+  /// Maps the file at `path` (when `map` and the platform allows), else reads it.
+  static std::shared_ptr<const file_bytes> open(const std::string& path, bool map) {
+#if defined(__unix__) || defined(__APPLE__)
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) cannot_open(path, std::strerror(errno));
+    struct ::stat st;
+    const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    // mmap refuses a length of 0 and files that are not regular (pipes, devices); those are
+    // read instead, as is every file when the caller asks for no mapping.
+    if (map && regular && st.st_size > 0 &&
+        static_cast<std::uint64_t>(st.st_size) <= static_cast<std::uint64_t>(SIZE_MAX)) {
+      const auto size = static_cast<std::size_t>(st.st_size);
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p != MAP_FAILED) {
+        ::close(fd);
+        std::shared_ptr<file_bytes> out(new file_bytes(std::vector<unsigned char>()));
+        out->data_ = static_cast<const unsigned char*>(p);
+        out->size_ = size;
+        out->mapped_ = true;
+        return out;
+      }
+    }
+    // The plain read: whole chunks until end of file (the size from fstat is only a hint).
+    std::vector<unsigned char> bytes;
+    if (regular && st.st_size > 0) bytes.reserve(static_cast<std::size_t>(st.st_size));
+    unsigned char chunk[1 << 16];
+    while (true) {
+      const ::ssize_t got = ::read(fd, chunk, sizeof chunk);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        cannot_open(path, why);
+      }
+      if (got == 0) break;
+      bytes.insert(bytes.end(), chunk, chunk + got);
+    }
+    ::close(fd);
+    return std::make_shared<const file_bytes>(std::move(bytes));
+#else
+    static_cast<void>(map);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) cannot_open(path, "no such file or no permission");
+    std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
+                                     std::istreambuf_iterator<char>());
+    return std::make_shared<const file_bytes>(std::move(bytes));
+#endif
+  }
+
+  const unsigned char* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  bool mapped() const { return mapped_; }
 
  private:
-  [[noreturn]] void fail(const std::string& what) const {
-    detail::raise(error("alibi::safetensors: " + origin_ + ": invalid header: " + what));
+  [[noreturn]] static void cannot_open(const std::string& path, const std::string& why) {
+    detail::raise(error("alibi::safetensors: cannot open '" + path + "': " + why));
   }
-  void skip_space() {
-    while (p_ != end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
-  }
-  bool consume(char c) {
-    skip_space();
-    if (p_ != end_ && *p_ == c) {
-      ++p_;
-      return true;
-    }
-    return false;
-  }
-  void expect(char c) {
-    if (!consume(c)) fail(std::string("expected '") + c + "'");
-  }
-  bool literal(const char* word) {
-    const std::size_t n = std::strlen(word);
-    if (static_cast<std::size_t>(end_ - p_) >= n && std::memcmp(p_, word, n) == 0) {
-      p_ += n;
-      return true;
-    }
-    return false;
-  }
-
-  json_value value(int depth) {
-    if (depth > 64) fail("nesting deeper than 64");
-    skip_space();
-    if (p_ == end_) fail("unexpected end");
-    json_value v;
-    if (*p_ == '{') {
-      ++p_;
-      v.type = json_value::kind::object;
-      if (consume('}')) return v;
-      do {
-        skip_space();
-        v.keys.push_back(string());
-        expect(':');
-        v.items.push_back(value(depth + 1));
-      } while (consume(','));
-      expect('}');
-    } else if (*p_ == '[') {
-      ++p_;
-      v.type = json_value::kind::array;
-      if (consume(']')) return v;
-      do v.items.push_back(value(depth + 1));
-      while (consume(','));
-      expect(']');
-    } else if (*p_ == '"') {
-      v.type = json_value::kind::string;
-      v.text = string();
-    } else if (literal("true") || literal("false")) {
-      v.type = json_value::kind::boolean;
-    } else if (literal("null")) {
-      v.type = json_value::kind::null;
-    } else {
-      number(v);
-    }
-    return v;
-  }
-
-  void number(json_value& v) {
-    const char* start = p_;
-    const bool negative = p_ != end_ && *p_ == '-';
-    if (negative) ++p_;
-    if (p_ == end_ || *p_ < '0' || *p_ > '9') fail("unexpected character");
-    std::uint64_t magnitude = 0;
-    bool exact = true;
-    for (; p_ != end_ && *p_ >= '0' && *p_ <= '9'; ++p_) {
-      const std::uint64_t digit = static_cast<std::uint64_t>(*p_ - '0');
-      if (magnitude > (UINT64_C(0x7fffffffffffffff) - digit) / 10) exact = false;
-      magnitude = magnitude * 10 + digit;
-    }
-    bool fraction = false;
-    while (p_ != end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E' || *p_ == '+' || *p_ == '-' ||
-                          (*p_ >= '0' && *p_ <= '9'))) {
-      fraction = true;
-      ++p_;
-    }
-    if (fraction || !exact) {
-      v.type = json_value::kind::number;
-      v.text.assign(start, p_);
-      return;
-    }
-    v.type = json_value::kind::integer;
-    v.integer =
-        negative ? -static_cast<std::int64_t>(magnitude) : static_cast<std::int64_t>(magnitude);
-  }
-
-  std::string string() {
-    if (p_ == end_ || *p_ != '"') fail("expected a string");
-    ++p_;
-    std::string out;
-    while (true) {
-      if (p_ == end_) fail("unterminated string");
-      const char c = *p_++;
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (p_ == end_) fail("unterminated escape");
-      const char e = *p_++;
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u':
-          append_utf8(out, code_point());
-          break;
-        default:
-          fail(std::string("unknown escape \\") + e);
-      }
-    }
-  }
-  std::uint32_t hex4() {
-    if (end_ - p_ < 4) fail("short \\u escape");
-    std::uint32_t v = 0;
-    for (int i = 0; i < 4; ++i, ++p_) {
-      const char h = *p_;
-      v <<= 4;
-      if (h >= '0' && h <= '9')
-        v |= static_cast<std::uint32_t>(h - '0');
-      else if (h >= 'a' && h <= 'f')
-        v |= static_cast<std::uint32_t>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F')
-        v |= static_cast<std::uint32_t>(h - 'A' + 10);
-      else
-        fail("bad hex digit in a \\u escape");
-    }
-    return v;
-  }
-  std::uint32_t code_point() {
-    std::uint32_t cp = hex4();
-    if (cp >= 0xD800 && cp < 0xDC00) {  // a high surrogate: the low one must follow
-      if (!(literal("\\u"))) fail("unpaired surrogate");
-      const std::uint32_t lo = hex4();
-      if (lo < 0xDC00 || lo >= 0xE000) fail("unpaired surrogate");
-      cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-    } else if (cp >= 0xDC00 && cp < 0xE000) {
-      fail("unpaired surrogate");
-    }
-    return cp;
-  }
-  static void append_utf8(std::string& out, std::uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
-  const char* p_;
-  const char* end_;
-  std::string origin_;
+  std::vector<unsigned char> buffer_;
+  const unsigned char* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool mapped_ = false;
 };
 
-inline std::string json_escape(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20) {
-      const char* hex = "0123456789abcdef";
-      out += "\\u00";
-      out += hex[u >> 4];
-      out += hex[u & 15];
-    } else {
-      out += c;
+/// nlohmann's SAX interface, recording only the first syntax error: the message for a header
+/// that does not parse, obtained without exceptions (alibi may be built without them).
+struct json_error_recorder {
+  using json = nlohmann::json;
+  std::string message;
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const json::string_t&) { return true; }
+  bool string(json::string_t&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) { return true; }
+  bool key(json::string_t&) { return true; }
+  bool end_object() { return true; }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t, const std::string&, const json::exception& e) {
+    message = e.what();
+    return false;
+  }
+};
+
+/// Parses JSON text; a syntax error is an alibi::error: the context, then nlohmann's message.
+inline nlohmann::json parse_json(const char* begin, const char* end, const std::string& context) {
+  nlohmann::json v = nlohmann::json::parse(begin, end, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) {
+    json_error_recorder r;
+    nlohmann::json::sax_parse(begin, end, &r);
+    detail::raise(error(context + ": " + (r.message.empty() ? "not valid JSON" : r.message)));
+  }
+  return v;
+}
+
+/// True when `s` is valid UTF-8, which JSON text (and nlohmann's writer) needs: with invalid
+/// bytes the writer's two lenient modes differ (one drops them, one writes U+FFFD).
+inline bool valid_utf8(const std::string& s) {
+  using handler = nlohmann::json::error_handler_t;
+  const nlohmann::json j(s);
+  return j.dump(-1, ' ', false, handler::ignore) == j.dump(-1, ' ', false, handler::replace);
+}
+
+inline namespace ALIBI_CPU_ISA {
+
+/// Little-endian stored values (Eigen::half, Eigen::bfloat16, double) to float, `count` of
+/// them. The bytes are copied in L1-sized chunks into a buffer of `Stored` first: the file
+/// gives no alignment guarantee (a tensor may start at any byte), the copy is where a
+/// big-endian host swaps bytes, and Eigen's cast then converts whole packets (F16C's
+/// vcvtph2ps on x86, a 16-bit shift for bfloat16).
+///
+/// NaNs: both 16-bit widenings are exact bit maps (a half's 10 mantissa bits become the top
+/// of the float's 23, a bfloat16 is a float's top half), so a NaN keeps its sign, its payload
+/// and its quiet/signalling bit; F64 NaNs go through the C++ conversion (quieted, payload
+/// truncated, as the hardware does).
+template <class Stored>
+void stored_to_float(const unsigned char* src, float* dst, std::size_t count) {
+  constexpr std::size_t chunk = 2048;
+  Stored buffer[chunk];
+  for (std::size_t i = 0; i < count; i += chunk) {
+    const std::size_t m = std::min(chunk, count - i);
+    std::memcpy(static_cast<void*>(buffer), src + i * sizeof(Stored), m * sizeof(Stored));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    for (std::size_t j = 0; j < m; ++j) {
+      unsigned char* b = reinterpret_cast<unsigned char*>(buffer + j);
+      std::reverse(b, b + sizeof(Stored));
     }
+#endif
+    using in_t = Eigen::Array<Stored, Eigen::Dynamic, 1>;
+    using out_t = Eigen::Array<float, Eigen::Dynamic, 1>;
+    Eigen::Map<out_t>(dst + i, static_cast<Eigen::Index>(m)) =
+        Eigen::Map<const in_t>(buffer, static_cast<Eigen::Index>(m)).template cast<float>();
   }
-  return out + "\"";
 }
 
-/// IEEE half (binary16) bits to float, subnormals and non-finite values included.
-inline float half_bits_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
-  float f;
-  if (exp == 0) {
-    f = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2^-24, exact
-    std::uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-    std::memcpy(&f, &bits, 4);
-    return f;
+/// Little-endian F32 bytes to float: a copy (a byte swap on a big-endian host).
+inline void f32_to_float(const unsigned char* src, float* dst, std::size_t count) {
+  std::memcpy(static_cast<void*>(dst), src, count * sizeof(float));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  for (std::size_t j = 0; j < count; ++j) {
+    unsigned char* b = reinterpret_cast<unsigned char*>(dst + j);
+    std::reverse(b, b + sizeof(float));
   }
-  const std::uint32_t bits =
-      sign | (exp == 31 ? (0xFFu << 23) | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
-  std::memcpy(&f, &bits, 4);
-  return f;
+#endif
 }
 
+}  // namespace ALIBI_CPU_ISA
 }  // namespace detail
 
-/// A safetensors file held in memory. Header and data are validated when it is read: every
-/// tensor's byte range must lie in the data section and match its dtype and shape.
+/// A safetensors file, memory-mapped (or held in memory). Header and data are validated when
+/// it is opened: every tensor's byte range must lie in the data section, match its dtype and
+/// shape, and not overlap another tensor's.
+///
+/// A mapped file must not be truncated or rewritten while the object (or a copy) lives: as
+/// with any memory-mapped reader, the pages are the file's. Read with mapping::never to get a
+/// private copy instead.
 class safetensors {
  public:
   struct tensor_info {
@@ -293,53 +218,22 @@ class safetensors {
     std::vector<index_t> shape;
     std::size_t begin = 0, end = 0;  // byte range in the data section
   };
+  /// How read() gets the bytes: mapped (falling back to a plain read where mmap fails or the
+  /// platform has none), or always read into memory.
+  enum class mapping { automatic, never };
 
-  /// Reads and validates the file at `path`.
-  static safetensors read(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) detail::raise(error("alibi::safetensors: cannot open '" + path + "'"));
-    std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
-                                     std::istreambuf_iterator<char>());
-    return parse(std::move(bytes), "'" + path + "'");
+  /// Opens and validates the file at `path`.
+  static safetensors read(const std::string& path, mapping how = mapping::automatic) {
+    return from(detail::file_bytes::open(path, how == mapping::automatic), "'" + path + "'");
   }
   /// Validates a file's bytes; `origin` names it in error messages.
   static safetensors parse(std::vector<unsigned char> bytes, std::string origin = "buffer") {
-    safetensors st;
-    st.origin_ = origin;
-    if (bytes.size() < 8)
-      st.fail("the file is " + std::to_string(bytes.size()) +
-              " bytes, shorter than its 8-byte "
-              "header length");
-    std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<std::size_t>(i)];
-    if (n > bytes.size() - 8 || n > (std::uint64_t{100} << 20))
-      st.fail("the header length " + std::to_string(n) + " exceeds the file (" +
-              std::to_string(bytes.size()) + " bytes) or 100 MiB");
-    const char* h = reinterpret_cast<const char*>(bytes.data()) + 8;
-    const detail::json_value root = detail::json_parser(h, h + n, origin).parse_document();
-    if (root.type != detail::json_value::kind::object) st.fail("the header is not a JSON object");
-    st.data_offset_ = 8 + static_cast<std::size_t>(n);
-    const std::size_t data_size = bytes.size() - st.data_offset_;
-    for (std::size_t i = 0; i < root.keys.size(); ++i) {
-      const std::string& name = root.keys[i];
-      const detail::json_value& entry = root.items[i];
-      if (name == "__metadata__") {
-        if (entry.type != detail::json_value::kind::object)
-          st.fail("__metadata__ is not an object");
-        for (std::size_t j = 0; j < entry.keys.size(); ++j) {
-          if (entry.items[j].type != detail::json_value::kind::string)
-            st.fail("__metadata__ value '" + entry.keys[j] + "' is not a string");
-          st.metadata_[entry.keys[j]] = entry.items[j].text;
-        }
-        continue;
-      }
-      st.tensors_[name] = st.tensor_entry(name, entry, data_size);
-    }
-    st.bytes_ = std::move(bytes);
-    return st;
+    return from(std::make_shared<const detail::file_bytes>(std::move(bytes)), std::move(origin));
   }
 
   const std::string& origin() const { return origin_; }
+  /// True when the bytes are a memory mapping of the file (false: read into memory).
+  bool mapped() const { return bytes_ && bytes_->mapped(); }
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   std::vector<std::string> names() const {
     std::vector<std::string> out;
@@ -353,32 +247,49 @@ class safetensors {
       detail::raise(error("alibi::safetensors: " + origin_ + " has no tensor '" + name + "'"));
     return it->second;
   }
-  /// The tensor's values converted to float (F32, F16, BF16, F64), row-major.
-  std::vector<float> to_float(const std::string& name) const {
+  /// The number of elements of tensor `name`.
+  std::size_t element_count(const std::string& name) const {
     const tensor_info& t = info(name);
-    const unsigned char* p = bytes_.data() + data_offset_ + t.begin;
-    const std::size_t count = (t.end - t.begin) / dtype_size(t.dtype);
-    std::vector<float> out(count);
-    for (std::size_t i = 0; i < count; ++i) {
-      if (t.dtype == "F32") {
-        const std::uint32_t bits = le<std::uint32_t>(p + 4 * i);
-        std::memcpy(&out[i], &bits, 4);
-      } else if (t.dtype == "F64") {
-        const std::uint64_t bits = le<std::uint64_t>(p + 8 * i);
-        double d;
-        std::memcpy(&d, &bits, 8);
-        out[i] = static_cast<float>(d);
-      } else if (t.dtype == "BF16") {
-        const std::uint32_t bits = static_cast<std::uint32_t>(le<std::uint16_t>(p + 2 * i)) << 16;
-        std::memcpy(&out[i], &bits, 4);
-      } else if (t.dtype == "F16") {
-        out[i] = detail::half_bits_to_float(le<std::uint16_t>(p + 2 * i));
-      } else {
-        detail::raise(error("alibi::safetensors: tensor '" + name + "' in " + origin_ +
-                            " has dtype " + t.dtype + "; expected F32, F16, BF16 or F64"));
-      }
-    }
+    return (t.end - t.begin) / dtype_size(t.dtype);
+  }
+  /// The tensor's raw little-endian bytes as stored in the file: (pointer, byte count).
+  std::pair<const unsigned char*, std::size_t> raw(const std::string& name) const {
+    const tensor_info& t = info(name);
+    return {bytes_->data() + data_offset_ + t.begin, t.end - t.begin};
+  }
+
+  /// The tensor's values converted to float (F32, F16, BF16, F64), row-major.
+  template <class Isa = detail::isa_tag>
+  std::vector<float> to_float(const std::string& name) const {
+    std::vector<float> out(element_count(name));
+    to_float<Isa>(name, out.data(), out.size());
     return out;
+  }
+  /// Converts tensor `name` into `out`, which holds `count` floats: exactly the tensor's
+  /// element count. The dtype is dispatched once, then the whole tensor is converted.
+  template <class Isa = detail::isa_tag>
+  void to_float(const std::string& name, float* out, std::size_t count) const {
+    const tensor_info& t = info(name);
+    const std::size_t n = element_count(name);
+    if (count != n)
+      detail::raise(error("alibi::safetensors: tensor '" + name + "' in " + origin_ + " has " +
+                          std::to_string(n) + " elements, but the destination holds " +
+                          std::to_string(count)));
+    if (n == 0) return;
+    if (out == nullptr)
+      detail::raise(error("alibi::safetensors: the destination for tensor '" + name + "' is null"));
+    const unsigned char* p = bytes_->data() + data_offset_ + t.begin;
+    if (t.dtype == "F32")
+      detail::f32_to_float(p, out, n);
+    else if (t.dtype == "F16")
+      detail::stored_to_float<Eigen::half>(p, out, n);
+    else if (t.dtype == "BF16")
+      detail::stored_to_float<Eigen::bfloat16>(p, out, n);
+    else if (t.dtype == "F64")
+      detail::stored_to_float<double>(p, out, n);
+    else
+      detail::raise(error("alibi::safetensors: tensor '" + name + "' in " + origin_ +
+                          " has dtype " + t.dtype + "; expected F32, F16, BF16 or F64"));
   }
 
   /// Bytes per element of a safetensors dtype, 0 for names it does not know.
@@ -394,46 +305,86 @@ class safetensors {
   [[noreturn]] void fail(const std::string& what) const {
     detail::raise(error("alibi::safetensors: " + origin_ + ": " + what));
   }
-  template <class U>
-  static U le(const unsigned char* p) {
-    U v = 0;
-    for (int i = static_cast<int>(sizeof(U)) - 1; i >= 0; --i) v = static_cast<U>((v << 8) | p[i]);
-    return v;
+
+  static safetensors from(std::shared_ptr<const detail::file_bytes> bytes, std::string origin) {
+    safetensors st;
+    st.origin_ = std::move(origin);
+    const std::uint64_t size = bytes->size();
+    const unsigned char* b = bytes->data();
+    if (size < 8)
+      st.fail("the file is " + std::to_string(size) +
+              " bytes, shorter than its 8-byte header length");
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | b[i];
+    if (n > size - 8 || n > (std::uint64_t{100} << 20))
+      st.fail("the header length " + std::to_string(n) + " exceeds the file (" +
+              std::to_string(size) + " bytes) or 100 MiB");
+    const char* h = reinterpret_cast<const char*>(b) + 8;
+    const nlohmann::json root =
+        detail::parse_json(h, h + n, "alibi::safetensors: " + st.origin_ + ": invalid header");
+    if (!root.is_object()) st.fail("the header is not a JSON object");
+    st.data_offset_ = 8 + static_cast<std::size_t>(n);
+    const std::uint64_t data_size = size - st.data_offset_;
+    for (const auto& item : root.items()) {
+      const std::string& name = item.key();
+      const nlohmann::json& entry = item.value();
+      if (name == "__metadata__") {
+        if (!entry.is_object()) st.fail("__metadata__ is not an object");
+        for (const auto& kv : entry.items()) {
+          if (!kv.value().is_string())
+            st.fail("__metadata__ value '" + kv.key() + "' is not a string");
+          st.metadata_[kv.key()] = kv.value().get<std::string>();
+        }
+        continue;
+      }
+      st.tensors_[name] = st.tensor_entry(name, entry, data_size);
+    }
+    st.check_overlaps();
+    st.bytes_ = std::move(bytes);
+    return st;
   }
-  tensor_info tensor_entry(const std::string& name, const detail::json_value& v,
-                           std::size_t data_size) const {
-    using kind = detail::json_value::kind;
+
+  tensor_info tensor_entry(const std::string& name, const nlohmann::json& v,
+                           std::uint64_t data_size) const {
     const std::string what = "tensor '" + name + "': ";
-    const detail::json_value* dtype = v.find("dtype");
-    const detail::json_value* shape = v.find("shape");
-    const detail::json_value* offsets = v.find("data_offsets");
-    if (v.type != kind::object || !dtype || dtype->type != kind::string || !shape ||
-        shape->type != kind::array || !offsets || offsets->type != kind::array ||
-        offsets->items.size() != 2)
+    const auto member = [&v](const char* key) -> const nlohmann::json* {
+      const auto it = v.find(key);
+      return it == v.end() ? nullptr : &*it;
+    };
+    const nlohmann::json* dtype = v.is_object() ? member("dtype") : nullptr;
+    const nlohmann::json* shape = v.is_object() ? member("shape") : nullptr;
+    const nlohmann::json* offsets = v.is_object() ? member("data_offsets") : nullptr;
+    if (!dtype || !dtype->is_string() || !shape || !shape->is_array() || !offsets ||
+        !offsets->is_array() || offsets->size() != 2)
       fail(what +
            "needs \"dtype\" (string), \"shape\" (array) and \"data_offsets\" ([begin, end])");
     tensor_info t;
-    t.dtype = dtype->text;
+    t.dtype = dtype->get<std::string>();
     const std::size_t esize = dtype_size(t.dtype);
     if (esize == 0) fail(what + "unknown dtype " + t.dtype);
+    // nlohmann keeps integers >= 0 as number_unsigned (uint64); negative ones, fractions and
+    // exponents are other kinds, refused here.
+    const auto natural = [](const nlohmann::json& e, std::uint64_t limit) {
+      return e.is_number_unsigned() && e.get<std::uint64_t>() <= limit;
+    };
     // The element count and the byte size are checked products: a wrapped size could
     // match a short (even empty) byte range and make a huge shape look valid.
     std::uint64_t count = 1, bytes = 0;
-    for (const auto& e : shape->items) {
-      if (e.type != kind::integer || e.integer < 0)
+    for (const auto& e : *shape) {
+      if (!natural(e, static_cast<std::uint64_t>(INT64_MAX)))
         fail(what + "shape entries must be integers >= 0");
-      if (__builtin_mul_overflow(count, static_cast<std::uint64_t>(e.integer), &count))
+      const std::uint64_t extent = e.get<std::uint64_t>();
+      if (__builtin_mul_overflow(count, extent, &count))
         fail(what + "the shape's element count overflows 64 bits");
-      t.shape.push_back(e.integer);
+      t.shape.push_back(static_cast<index_t>(extent));
     }
     if (__builtin_mul_overflow(count, static_cast<std::uint64_t>(esize), &bytes))
       fail(what + "the shape's byte size (" + std::to_string(count) + " elements of " + t.dtype +
            ") overflows 64 bits");
-    for (const auto& e : offsets->items)
-      if (e.type != kind::integer || e.integer < 0)
-        fail(what + "data_offsets must be integers >= 0");
-    const auto begin = static_cast<std::uint64_t>(offsets->items[0].integer);
-    const auto end = static_cast<std::uint64_t>(offsets->items[1].integer);
+    for (const auto& e : *offsets)
+      if (!natural(e, UINT64_MAX)) fail(what + "data_offsets must be integers >= 0");
+    const auto begin = (*offsets)[0].get<std::uint64_t>();
+    const auto end = (*offsets)[1].get<std::uint64_t>();
     if (begin > end || end > data_size)
       fail(what + "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
            "] lie outside the data section (" + std::to_string(data_size) + " bytes)");
@@ -445,83 +396,219 @@ class safetensors {
     return t;
   }
 
+  /// Two tensors sharing bytes would alias each other's data: refused. Empty tensors own no
+  /// bytes and may sit anywhere; gaps between tensors are allowed.
+  void check_overlaps() const {
+    std::vector<std::pair<const std::string*, const tensor_info*>> order;
+    for (const auto& t : tensors_)
+      if (t.second.end > t.second.begin) order.emplace_back(&t.first, &t.second);
+    std::sort(order.begin(), order.end(),
+              [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
+    for (std::size_t i = 1; i < order.size(); ++i) {
+      const tensor_info& a = *order[i - 1].second;
+      const tensor_info& b = *order[i].second;
+      if (b.begin < a.end)
+        fail("tensors '" + *order[i - 1].first + "' [" + std::to_string(a.begin) + ", " +
+             std::to_string(a.end) + "] and '" + *order[i].first + "' [" + std::to_string(b.begin) +
+             ", " + std::to_string(b.end) + "] overlap");
+    }
+  }
+
   std::string origin_;
-  std::vector<unsigned char> bytes_;
+  std::shared_ptr<const detail::file_bytes> bytes_;
   std::size_t data_offset_ = 0;
   std::map<std::string, tensor_info> tensors_;
   std::map<std::string, std::string> metadata_;
 };
 
-/// Builds a safetensors file of F32 tensors (the data is copied when added).
+/// A sharded checkpoint: `model.safetensors.index.json` maps each tensor name to the shard
+/// file that holds it ({"metadata": {...}, "weight_map": {"name": "model-00001-of-00002.
+/// safetensors", ...}}). Every shard is opened (mapped) and validated when the index is, and
+/// every tensor the index names must be in its shard. Shard names are relative to the
+/// index's folder; absolute paths and ".." are refused.
+///
+/// The same reading interface as `safetensors` (contains, info, names, to_float), so
+/// `load_parameters` takes either.
+class sharded_safetensors {
+ public:
+  using tensor_info = safetensors::tensor_info;
+
+  static sharded_safetensors open(const std::string& index_path,
+                                  safetensors::mapping how = safetensors::mapping::automatic) {
+    sharded_safetensors s;
+    s.origin_ = "'" + index_path + "'";
+    const auto text = detail::file_bytes::open(index_path, false);
+    const char* b = reinterpret_cast<const char*>(text->data());
+    const nlohmann::json index =
+        detail::parse_json(b, b + text->size(), "alibi::sharded_safetensors: " + s.origin_);
+    const auto weight_map = index.is_object() ? index.find("weight_map") : index.end();
+    if (!index.is_object() || weight_map == index.end() || !weight_map->is_object())
+      s.fail("the index needs a \"weight_map\" object (tensor name: shard file)");
+    const auto meta = index.find("metadata");
+    if (meta != index.end() && meta->is_object())
+      for (const auto& kv : meta->items())
+        s.metadata_[kv.key()] =
+            kv.value().is_string() ? kv.value().get<std::string>() : kv.value().dump();
+    const std::size_t slash = index_path.find_last_of('/');
+    const std::string folder = slash == std::string::npos ? "" : index_path.substr(0, slash + 1);
+    for (const auto& kv : weight_map->items()) {
+      if (!kv.value().is_string())
+        s.fail("weight_map entry '" + kv.key() + "' is not a string (a shard file name)");
+      const std::string file = kv.value().get<std::string>();
+      if (file.empty() || file[0] == '/' || file == ".." || file.rfind("../", 0) == 0 ||
+          file.find("/../") != std::string::npos ||
+          (file.size() >= 3 && file.compare(file.size() - 3, 3, "/..") == 0))
+        s.fail("weight_map entry '" + kv.key() + "' names shard '" + file +
+               "'; expected a file name relative to the index's folder, without \"..\"");
+      auto it = s.shards_.find(file);
+      if (it == s.shards_.end())
+        it = s.shards_.emplace(file, safetensors::read(folder + file, how)).first;
+      if (!it->second.contains(kv.key()))
+        s.fail("the index puts tensor '" + kv.key() + "' in shard '" + file +
+               "', which has no such tensor");
+      s.where_[kv.key()] = &it->second;
+    }
+    return s;
+  }
+
+  const std::string& origin() const { return origin_; }
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  /// The tensor names of the index's weight_map.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& t : where_) out.push_back(t.first);
+    return out;
+  }
+  /// The index's "metadata" (values that are not strings as their JSON text).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// The shard file names, as the index writes them.
+  std::vector<std::string> shard_files() const {
+    std::vector<std::string> out;
+    for (const auto& s : shards_) out.push_back(s.first);
+    return out;
+  }
+  /// The shard that holds tensor `name`.
+  const safetensors& shard(const std::string& name) const {
+    const auto it = where_.find(name);
+    if (it == where_.end())
+      detail::raise(
+          error("alibi::sharded_safetensors: " + origin_ + " has no tensor '" + name + "'"));
+    return *it->second;
+  }
+  const tensor_info& info(const std::string& name) const { return shard(name).info(name); }
+  template <class Isa = detail::isa_tag>
+  std::vector<float> to_float(const std::string& name) const {
+    return shard(name).template to_float<Isa>(name);
+  }
+  template <class Isa = detail::isa_tag>
+  void to_float(const std::string& name, float* out, std::size_t count) const {
+    shard(name).template to_float<Isa>(name, out, count);
+  }
+
+ private:
+  sharded_safetensors() = default;
+  [[noreturn]] void fail(const std::string& what) const {
+    detail::raise(error("alibi::sharded_safetensors: " + origin_ + ": " + what));
+  }
+
+  std::string origin_;
+  // std::map never moves its elements, so the pointers in where_ stay valid when the
+  // object is moved; copying would leave them pointing into the source, hence move-only.
+  std::map<std::string, safetensors> shards_;
+  std::map<std::string, const safetensors*> where_;
+  std::map<std::string, std::string> metadata_;
+
+ public:
+  sharded_safetensors(sharded_safetensors&&) = default;
+  sharded_safetensors& operator=(sharded_safetensors&&) = default;
+  sharded_safetensors(const sharded_safetensors&) = delete;
+  sharded_safetensors& operator=(const sharded_safetensors&) = delete;
+};
+
+/// Builds a safetensors file. F32 tensors from floats, or any dtype from its little-endian
+/// bytes (add_raw); the data is copied when added.
 class safetensors_writer {
  public:
   void add(const std::string& name, const std::vector<index_t>& shape, const float* data) {
-    if (name == "__metadata__" || name.empty())
-      detail::raise(error("alibi::safetensors_writer: invalid tensor name '" + name + "'"));
-    const index_t n = element_count(name, shape);
-    entry& t = tensors_[name];
-    t.shape = shape;
-    t.data.assign(data, data + n);
+    const std::uint64_t n = element_count(name, shape, 4);
+    std::vector<unsigned char> bytes(n * 4);
+    if (n != 0) std::memcpy(bytes.data(), data, n * 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    for (std::uint64_t i = 0; i < n; ++i) std::reverse(&bytes[4 * i], &bytes[4 * i] + 4);
+#endif
+    put(name, "F32", shape, std::move(bytes));
   }
   void add(const std::string& name, const std::vector<index_t>& shape,
            const std::vector<float>& data) {
-    const index_t n = element_count(name, shape);
-    if (static_cast<index_t>(data.size()) != n)
+    const std::uint64_t n = element_count(name, shape, 4);
+    if (data.size() != n)
       detail::raise(error("alibi::safetensors_writer: tensor '" + name + "' has " +
                           std::to_string(data.size()) + " values for a shape of " +
                           std::to_string(n) + " elements"));
     add(name, shape, data.data());
   }
-  void metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+  /// A tensor of dtype `dtype` ("F16", "BF16", "I32", ...) from `data`, its little-endian
+  /// bytes: element count x dtype size of them.
+  void add_raw(const std::string& name, const std::string& dtype, const std::vector<index_t>& shape,
+               const void* data) {
+    const std::size_t esize = safetensors::dtype_size(dtype);
+    if (esize == 0)
+      detail::raise(
+          error("alibi::safetensors_writer: tensor '" + name + "': unknown dtype " + dtype));
+    const std::uint64_t n = element_count(name, shape, esize);
+    const auto* p = static_cast<const unsigned char*>(data);
+    put(name, dtype, shape, std::vector<unsigned char>(p, p + n * esize));
+  }
+  void metadata(const std::string& key, const std::string& value) {
+    if (!detail::valid_utf8(key) || !detail::valid_utf8(value))
+      detail::raise(
+          error("alibi::safetensors_writer: metadata '" + key + "' is not valid UTF-8 text"));
+    metadata_[key] = value;
+  }
 
-  std::vector<unsigned char> bytes() const {
-    std::string header = "{";
-    if (!metadata_.empty()) {
-      header += "\"__metadata__\":{";
-      bool first = true;
-      for (const auto& kv : metadata_) {
-        header += (first ? "" : ",") + detail::json_escape(kv.first) + ":" +
-                  detail::json_escape(kv.second);
-        first = false;
-      }
-      header += "}";
-    }
-    std::size_t offset = 0;
+  /// The header (length and JSON, padded so that the data section starts 8-aligned).
+  std::vector<unsigned char> header() const {
+    nlohmann::json h = nlohmann::json::object();
+    if (!metadata_.empty()) h["__metadata__"] = metadata_;
+    std::uint64_t offset = 0;
     for (const auto& t : tensors_) {
-      if (header.size() > 1) header += ",";
-      header += detail::json_escape(t.first) + ":{\"dtype\":\"F32\",\"shape\":[";
-      for (std::size_t i = 0; i < t.second.shape.size(); ++i)
-        header += (i ? "," : "") + std::to_string(t.second.shape[i]);
-      const std::size_t size = t.second.data.size() * 4;
-      header += "],\"data_offsets\":[" + std::to_string(offset) + "," +
-                std::to_string(offset + size) + "]}";
+      const std::uint64_t size = t.second.data.size();
+      h[t.first] = {{"dtype", t.second.dtype},
+                    {"shape", t.second.shape},
+                    {"data_offsets", {offset, offset + size}}};
       offset += size;
     }
-    header += "}";
-    while (header.size() % 8 != 0) header += ' ';  // the data section starts 8-aligned
+    std::string text = h.dump();
+    while (text.size() % 8 != 0) text += ' ';
     std::vector<unsigned char> out;
-    out.reserve(8 + header.size() + offset);
+    out.reserve(8 + text.size());
     for (int i = 0; i < 8; ++i)
-      out.push_back(static_cast<unsigned char>((std::uint64_t{header.size()} >> (8 * i)) & 0xFF));
-    out.insert(out.end(), header.begin(), header.end());
-    for (const auto& t : tensors_)
-      for (const float f : t.second.data) {
-        std::uint32_t bits;
-        std::memcpy(&bits, &f, 4);
-        for (int i = 0; i < 4; ++i) out.push_back(static_cast<unsigned char>(bits >> (8 * i)));
-      }
+      out.push_back(static_cast<unsigned char>((std::uint64_t{text.size()} >> (8 * i)) & 0xFF));
+    out.insert(out.end(), text.begin(), text.end());
     return out;
   }
+  /// The whole file in memory.
+  std::vector<unsigned char> bytes() const {
+    std::vector<unsigned char> out = header();
+    for (const auto& t : tensors_)
+      out.insert(out.end(), t.second.data.begin(), t.second.data.end());
+    return out;
+  }
+  /// Writes the file (header, then each tensor's bytes: no second copy of the data).
   void write(const std::string& path) const {
-    const std::vector<unsigned char> b = bytes();
     std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+    const std::vector<unsigned char> h = header();
+    out.write(reinterpret_cast<const char*>(h.data()), static_cast<std::streamsize>(h.size()));
+    for (const auto& t : tensors_)
+      out.write(reinterpret_cast<const char*>(t.second.data.data()),
+                static_cast<std::streamsize>(t.second.data.size()));
     if (!out) detail::raise(error("alibi::safetensors_writer: cannot write '" + path + "'"));
   }
 
  private:
-  /// The shape's element count; its bytes (4 each) must fit in int64 too.
-  static index_t element_count(const std::string& name, const std::vector<index_t>& shape) {
+  /// The shape's element count; its bytes must fit in int64 too.
+  static std::uint64_t element_count(const std::string& name, const std::vector<index_t>& shape,
+                                     std::size_t esize) {
     index_t n = 1;
     for (index_t e : shape) {
       if (e < 0)
@@ -532,14 +619,25 @@ class safetensors_writer {
                             "': the shape's element count overflows 64 bits"));
     }
     index_t bytes = 0;
-    if (__builtin_mul_overflow(n, index_t{4}, &bytes))
+    if (__builtin_mul_overflow(n, static_cast<index_t>(esize), &bytes))
       detail::raise(error("alibi::safetensors_writer: tensor '" + name +
                           "': the shape's byte size overflows 64 bits"));
-    return n;
+    return static_cast<std::uint64_t>(n);
+  }
+  void put(const std::string& name, const std::string& dtype, const std::vector<index_t>& shape,
+           std::vector<unsigned char> data) {
+    if (name == "__metadata__" || name.empty() || !detail::valid_utf8(name))
+      detail::raise(error("alibi::safetensors_writer: invalid tensor name '" + name +
+                          "' (empty, \"__metadata__\" or not valid UTF-8)"));
+    entry& t = tensors_[name];
+    t.dtype = dtype;
+    t.shape = shape;
+    t.data = std::move(data);
   }
   struct entry {
+    std::string dtype;
     std::vector<index_t> shape;
-    std::vector<float> data;
+    std::vector<unsigned char> data;  // little-endian, as in the file
   };
   std::map<std::string, entry> tensors_;
   std::map<std::string, std::string> metadata_;
