@@ -1,0 +1,298 @@
+// SPDX-License-Identifier: MIT
+// safetensors: the Eigen::half / Eigen::bfloat16 conversions against the former hand-written
+// ones over every 16-bit pattern, memory-mapped and plain reading, sharded checkpoints
+// (model.safetensors.index.json), and the corrupt-file errors the JSON library brought.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <alibi/alibi.hpp>
+#include <alibi/layers/checkpoint.hpp>
+#include <alibi/safetensors.hpp>
+
+#include "call_fixture.hpp"
+
+namespace {
+
+using alibi::index_t;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+/// The conversion alibi used before Eigen::half (kept here as the oracle): IEEE binary16 bits
+/// to float, subnormals and non-finite values included, the NaN payload shifted to the top
+/// of the float's mantissa.
+float former_half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  float f;
+  if (exp == 0) {
+    f = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2^-24, exact
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  const std::uint32_t bits =
+      sign | (exp == 31 ? (0xFFu << 23) | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// The former bfloat16 conversion: the 16 bits are the float's top half.
+float former_bf16_to_float(std::uint16_t b) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+std::uint32_t bits_of(float f) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+/// A fresh folder under the system's temporary directory, removed with the object.
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& tag) {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("alibi_test_" + tag + "_" + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+/// Every 16-bit pattern as little-endian bytes, behind a 1-byte tensor so that the data
+/// starts at an odd address (the unaligned case a file can present).
+std::vector<unsigned char> all_patterns_file(const std::string& dtype) {
+  std::vector<std::uint16_t> all(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<std::uint16_t>(i);
+  std::vector<unsigned char> le(2 * all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    le[2 * i] = static_cast<unsigned char>(all[i] & 0xFF);
+    le[2 * i + 1] = static_cast<unsigned char>(all[i] >> 8);
+  }
+  alibi::safetensors_writer w;
+  const unsigned char one = 7;
+  w.add_raw("a_pad", "U8", {1}, &one);
+  w.add_raw("x", dtype, {256, 256}, le.data());
+  return w.bytes();
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: F16 and BF16 widen bitwise as before, for all 65536 patterns",
+          "[safetensors]") {
+  // NaNs included: sign, payload and the quiet bit are kept (both widenings are exact bit
+  // maps), so every pattern, NaN or not, must give the former float bit for bit.
+  for (const char* dtype : {"F16", "BF16"}) {
+    const auto file = alibi::safetensors::parse(all_patterns_file(dtype), dtype);
+    REQUIRE(file.info("x").begin == 1);
+    const std::vector<float> got = file.to_float("x");
+    REQUIRE(got.size() == 65536);
+    std::size_t mismatches = 0, nans = 0;
+    for (std::uint32_t i = 0; i < 65536; ++i) {
+      const auto h = static_cast<std::uint16_t>(i);
+      const float want = std::string(dtype) == "F16" ? former_half_to_float(h)
+                                                     : former_bf16_to_float(h);
+      if (bits_of(got[i]) != bits_of(want)) {
+        if (mismatches++ < 4) UNSCOPED_INFO(dtype << " pattern " << i << ": " << got[i]);
+      }
+      nans += got[i] != got[i];
+    }
+    CHECK(mismatches == 0);
+    CHECK(nans == 2 * (std::string(dtype) == "F16" ? 1023 : 127));
+  }
+  // A signalling half NaN (quiet bit clear) stays signalling, with its payload.
+  const auto f16 = alibi::safetensors::parse(all_patterns_file("F16"));
+  REQUIRE(bits_of(f16.to_float("x")[0x7C01]) == 0x7F802000u);
+  REQUIRE(bits_of(f16.to_float("x")[0xFE01]) == 0xFFC02000u);
+}
+
+TEST_CASE("safetensors: memory-mapped and plain reads agree, into vectors or caller memory",
+          "[safetensors]") {
+  const temp_dir dir("mmap");
+  std::vector<float> values(1000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i) - 3;
+  alibi::safetensors_writer w;
+  w.add("w", {10, 100}, values);
+  w.metadata("format", "pt");
+  const std::string path = dir / "w.safetensors";
+  w.write(path);
+
+  const auto mapped = alibi::safetensors::read(path);
+  const auto plain = alibi::safetensors::read(path, alibi::safetensors::mapping::never);
+#if defined(__unix__) || defined(__APPLE__)
+  REQUIRE(mapped.mapped());
+#endif
+  REQUIRE_FALSE(plain.mapped());
+  REQUIRE(mapped.to_float("w") == values);
+  REQUIRE(plain.to_float("w") == values);
+  REQUIRE(mapped.metadata().at("format") == "pt");
+  REQUIRE(mapped.element_count("w") == 1000);
+  REQUIRE(mapped.raw("w").second == 4000);
+
+  // A copy shares the mapping and outlives the original.
+  std::vector<float> out(1000);
+  {
+    const auto copy = alibi::safetensors::read(path);
+    const alibi::safetensors kept = copy;
+    kept.to_float("w", out.data(), out.size());
+  }
+  REQUIRE(out == values);
+  REQUIRE_THROWS_WITH(mapped.to_float("w", out.data(), 999),
+                      Contains("tensor 'w'") && Contains("has 1000 elements") &&
+                          Contains("holds 999"));
+  REQUIRE_THROWS_WITH(mapped.to_float("w", nullptr, 1000), Contains("is null"));
+
+  // An empty file cannot be mapped: it is read, and refused as too short.
+  write_text(dir / "empty.safetensors", "");
+  REQUIRE_THROWS_WITH(alibi::safetensors::read(dir / "empty.safetensors"),
+                      Contains("empty.safetensors") && Contains("shorter than its 8-byte"));
+  // A folder is no file.
+  REQUIRE_THROWS_AS(alibi::safetensors::read(dir.path.string()), alibi::error);
+}
+
+TEST_CASE("safetensors: sharded checkpoints load like one file", "[safetensors][layers]") {
+  const temp_dir dir("shards");
+  alibi::layer_config lc;
+  lc.attention.embed_dim = 16;
+  lc.attention.q_heads = 2;
+  using cpu = alibi::backend::eigen;
+  alibi::transformer_layer<float, cpu> a(lc), b(lc), c(lc);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.2f);
+  for (const auto& p : a.parameters()) {
+    index_t n = 1;
+    for (index_t e : p.shape) n *= e;
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (float& x : v) x = normal(rng);
+    a.set(p.name, v.data(), p.shape);
+  }
+  // Two shards, split by parameter (attention in the first, the rest in the second), and the
+  // same parameters in one file: both must load the same floats.
+  alibi::safetensors_writer one, first, second;
+  alibi::save_parameters(a, one, "model.layers.0.");
+  std::string weight_map;
+  for (const auto& p : a.parameters()) {
+    const bool attn = p.name.rfind("self_attn.", 0) == 0;
+    (attn ? first : second).add("model.layers.0." + p.name, p.shape, a.get(p.name));
+    weight_map += std::string(weight_map.empty() ? "" : ",") + "\"model.layers.0." + p.name +
+                  "\":\"model-0000" + (attn ? "1" : "2") + "-of-00002.safetensors\"";
+  }
+  first.add("model.extra", {2}, std::vector<float>{1, 2});  // in a shard, not in the index
+  first.write(dir / "model-00001-of-00002.safetensors");
+  second.write(dir / "model-00002-of-00002.safetensors");
+  write_text(dir / "model.safetensors.index.json",
+             "{\"metadata\":{\"total_size\":1234,\"format\":\"pt\"},\"weight_map\":{" +
+                 weight_map + "}}");
+
+  const auto sharded = alibi::sharded_safetensors::open(dir / "model.safetensors.index.json");
+  REQUIRE(sharded.shard_files() == std::vector<std::string>{"model-00001-of-00002.safetensors",
+                                                            "model-00002-of-00002.safetensors"});
+  REQUIRE(sharded.metadata().at("total_size") == "1234");
+  REQUIRE(sharded.metadata().at("format") == "pt");
+  REQUIRE(sharded.names().size() == a.parameters().size());
+  REQUIRE_FALSE(sharded.contains("model.extra"));
+  REQUIRE(sharded.shard("model.layers.0.norm1.weight").origin().find("00002") !=
+          std::string::npos);
+  alibi::load_parameters(b, sharded, "model.layers.0.");
+  alibi::load_parameters(c, alibi::safetensors::parse(one.bytes()), "model.layers.0.");
+  for (const auto& p : a.parameters()) {
+    REQUIRE(b.get(p.name) == a.get(p.name));
+    REQUIRE(c.get(p.name) == a.get(p.name));
+  }
+  REQUIRE_THROWS_WITH(alibi::load_parameters(b, sharded, "model.layers.1."),
+                      Contains("model.safetensors.index.json") &&
+                          Contains("has no tensor 'model.layers.1.self_attn.q_proj.weight'"));
+
+  // Broken indexes.
+  const auto index_error = [&dir](const std::string& text) {
+    write_text(dir / "bad.index.json", text);
+    try {
+      alibi::sharded_safetensors::open(dir / "bad.index.json");
+    } catch (const alibi::error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(index_error("{\"weight_map\":"), Contains("bad.index.json") && Contains("syntax"));
+  CHECK_THAT(index_error("{\"metadata\":{}}"), Contains("needs a \"weight_map\" object"));
+  CHECK_THAT(index_error("{\"weight_map\":{\"w\":3}}"),
+             Contains("weight_map entry 'w' is not a string"));
+  CHECK_THAT(index_error("{\"weight_map\":{\"w\":\"../x.safetensors\"}}"),
+             Contains("names shard '../x.safetensors'") && Contains("relative"));
+  CHECK_THAT(index_error("{\"weight_map\":{\"w\":\"/x.safetensors\"}}"),
+             Contains("names shard '/x.safetensors'"));
+  CHECK_THAT(index_error("{\"weight_map\":{\"w\":\"missing.safetensors\"}}"),
+             Contains("cannot open") && Contains("missing.safetensors"));
+  CHECK_THAT(
+      index_error("{\"weight_map\":{\"model.layers.0.norm1.weight\":"
+                  "\"model-00001-of-00002.safetensors\"}}"),
+      Contains("puts tensor 'model.layers.0.norm1.weight' in shard "
+               "'model-00001-of-00002.safetensors', which has no such tensor"));
+  REQUIRE_THROWS_WITH(alibi::sharded_safetensors::open(dir / "none.json"),
+                      Contains("cannot open") && Contains("none.json"));
+}
+
+TEST_CASE("safetensors: overlapping tensors, bad numbers and bad JSON are clear errors",
+          "[safetensors][errors]") {
+  using alibi::safetensors;
+  const auto with_header = alibi_test::safetensors_bytes;
+  REQUIRE_THROWS_WITH(
+      safetensors::parse(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                     R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                     12),
+                         "o.safetensors"),
+      Contains("o.safetensors") && Contains("tensors 'a' [0, 8] and 'b' [4, 12] overlap"));
+  // Empty tensors own no bytes; gaps are allowed.
+  REQUIRE_NOTHROW(
+      safetensors::parse(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                     R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                                     R"("b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
+                                     16)));
+  for (const char* shape : {"[-1]", "[1.5]", "[1e2]", "[\"1\"]", "[9223372036854775808]"})
+    REQUIRE_THROWS_WITH(
+        safetensors::parse(with_header(std::string(R"({"a":{"dtype":"U8","shape":)") + shape +
+                                           R"(,"data_offsets":[0,1]}})",
+                                       1)),
+        Contains("tensor 'a': shape entries must be integers >= 0"));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header(
+                          R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[-1,1]}})", 1)),
+                      Contains("data_offsets must be integers >= 0"));
+  // nlohmann's message says where and what: the position and the expected token.
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header("{\"a\" 1}", 0), "j.safetensors"),
+                      Contains("j.safetensors: invalid header") && Contains("syntax error") &&
+                          Contains("expected ':'"));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header("{\"a\xff\":1}", 0)),
+                      Contains("invalid header"));
+  REQUIRE_THROWS_WITH(safetensors::parse(with_header(R"({"a":{"dtype":"F32"}} x)", 0)),
+                      Contains("invalid header"));
+  // The writer refuses what JSON cannot carry, naming it.
+  alibi::safetensors_writer w;
+  REQUIRE_THROWS_WITH(w.add("bad\xff", {1}, std::vector<float>{1}),
+                      Contains("invalid tensor name") && Contains("UTF-8"));
+  REQUIRE_THROWS_WITH(w.metadata("k", "\xc3"), Contains("metadata 'k'") && Contains("UTF-8"));
+  REQUIRE_THROWS_WITH(w.add_raw("q", "Q4", {1}, "x"), Contains("tensor 'q': unknown dtype Q4"));
+  // Names with escapes survive the round trip.
+  w.add("quote\"back\\slash\ttab", {1}, std::vector<float>{2});
+  REQUIRE(safetensors::parse(w.bytes()).to_float("quote\"back\\slash\ttab") ==
+          std::vector<float>{2});
+}
