@@ -110,8 +110,8 @@ TEST_CASE("safetensors: F16 and BF16 widen bitwise as before, for all 65536 patt
     std::size_t mismatches = 0, nans = 0;
     for (std::uint32_t i = 0; i < 65536; ++i) {
       const auto h = static_cast<std::uint16_t>(i);
-      const float want = std::string(dtype) == "F16" ? former_half_to_float(h)
-                                                     : former_bf16_to_float(h);
+      const float want =
+          std::string(dtype) == "F16" ? former_half_to_float(h) : former_bf16_to_float(h);
       if (bits_of(got[i]) != bits_of(want)) {
         if (mismatches++ < 4) UNSCOPED_INFO(dtype << " pattern " << i << ": " << got[i]);
       }
@@ -157,9 +157,9 @@ TEST_CASE("safetensors: memory-mapped and plain reads agree, into vectors or cal
     kept.to_float("w", out.data(), out.size());
   }
   REQUIRE(out == values);
-  REQUIRE_THROWS_WITH(mapped.to_float("w", out.data(), 999),
-                      Contains("tensor 'w'") && Contains("has 1000 elements") &&
-                          Contains("holds 999"));
+  REQUIRE_THROWS_WITH(mapped.to_float("w", out.data(), 999), Contains("tensor 'w'") &&
+                                                                 Contains("has 1000 elements") &&
+                                                                 Contains("holds 999"));
   REQUIRE_THROWS_WITH(mapped.to_float("w", nullptr, 1000), Contains("is null"));
 
   // An empty file cannot be mapped: it is read, and refused as too short.
@@ -200,9 +200,9 @@ TEST_CASE("safetensors: sharded checkpoints load like one file", "[safetensors][
   first.add("model.extra", {2}, std::vector<float>{1, 2});  // in a shard, not in the index
   first.write(dir / "model-00001-of-00002.safetensors");
   second.write(dir / "model-00002-of-00002.safetensors");
-  write_text(dir / "model.safetensors.index.json",
-             "{\"metadata\":{\"total_size\":1234,\"format\":\"pt\"},\"weight_map\":{" +
-                 weight_map + "}}");
+  write_text(
+      dir / "model.safetensors.index.json",
+      "{\"metadata\":{\"total_size\":1234,\"format\":\"pt\"},\"weight_map\":{" + weight_map + "}}");
 
   const auto sharded = alibi::sharded_safetensors::open(dir / "model.safetensors.index.json");
   REQUIRE(sharded.shard_files() == std::vector<std::string>{"model-00001-of-00002.safetensors",
@@ -211,8 +211,7 @@ TEST_CASE("safetensors: sharded checkpoints load like one file", "[safetensors][
   REQUIRE(sharded.metadata().at("format") == "pt");
   REQUIRE(sharded.names().size() == a.parameters().size());
   REQUIRE_FALSE(sharded.contains("model.extra"));
-  REQUIRE(sharded.shard("model.layers.0.norm1.weight").origin().find("00002") !=
-          std::string::npos);
+  REQUIRE(sharded.shard("model.layers.0.norm1.weight").origin().find("00002") != std::string::npos);
   alibi::load_parameters(b, sharded, "model.layers.0.");
   alibi::load_parameters(c, alibi::safetensors::parse(one.bytes()), "model.layers.0.");
   for (const auto& p : a.parameters()) {
@@ -243,11 +242,10 @@ TEST_CASE("safetensors: sharded checkpoints load like one file", "[safetensors][
              Contains("names shard '/x.safetensors'"));
   CHECK_THAT(index_error("{\"weight_map\":{\"w\":\"missing.safetensors\"}}"),
              Contains("cannot open") && Contains("missing.safetensors"));
-  CHECK_THAT(
-      index_error("{\"weight_map\":{\"model.layers.0.norm1.weight\":"
-                  "\"model-00001-of-00002.safetensors\"}}"),
-      Contains("puts tensor 'model.layers.0.norm1.weight' in shard "
-               "'model-00001-of-00002.safetensors', which has no such tensor"));
+  CHECK_THAT(index_error("{\"weight_map\":{\"model.layers.0.norm1.weight\":"
+                         "\"model-00001-of-00002.safetensors\"}}"),
+             Contains("puts tensor 'model.layers.0.norm1.weight' in shard "
+                      "'model-00001-of-00002.safetensors', which has no such tensor"));
   REQUIRE_THROWS_WITH(alibi::sharded_safetensors::open(dir / "none.json"),
                       Contains("cannot open") && Contains("none.json"));
 }
@@ -270,9 +268,9 @@ TEST_CASE("safetensors: overlapping tensors, bad numbers and bad JSON are clear 
                                      16)));
   for (const char* shape : {"[-1]", "[1.5]", "[1e2]", "[\"1\"]", "[9223372036854775808]"})
     REQUIRE_THROWS_WITH(
-        safetensors::parse(with_header(std::string(R"({"a":{"dtype":"U8","shape":)") + shape +
-                                           R"(,"data_offsets":[0,1]}})",
-                                       1)),
+        safetensors::parse(with_header(
+            std::string(R"({"a":{"dtype":"U8","shape":)") + shape + R"(,"data_offsets":[0,1]}})",
+            1)),
         Contains("tensor 'a': shape entries must be integers >= 0"));
   REQUIRE_THROWS_WITH(safetensors::parse(with_header(
                           R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[-1,1]}})", 1)),
