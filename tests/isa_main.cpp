@@ -4,6 +4,7 @@
 // cleanly (workspaces allocated by one and freed at thread exit by alibi's own allocator).
 #include <cstdio>
 #include <thread>
+#include <utility>
 
 #include "isa_probe.hpp"
 
@@ -18,9 +19,16 @@ int main() {
     d = isa_probe::run_baseline();
   });
   t.join();
-  std::printf("baseline TU: %s, max |eigen - reference| = %.3g\n", a.isa.c_str(), a.max_err);
-  std::printf("native TU:   %s, max |eigen - reference| = %.3g\n", b.isa.c_str(), b.max_err);
-  bool ok = a.max_err < 1e-5 && b.max_err < 1e-5 && c.max_err < 1e-5 && d.max_err < 1e-5;
+  bool ok = true;
+  for (const auto& [name, r] :
+       {std::pair{"baseline", a}, std::pair{"native", b}, std::pair{"native (thread)", c},
+        std::pair{"baseline (thread)", d}}) {
+    std::printf(
+        "%-18s TU %s: max |eigen - reference| = %.3g (fp16 K/V: %.3g), fp16/bf16 conversion "
+        "mismatches %ld\n",
+        name, r.isa.c_str(), r.max_err, r.half_kv_max_err, r.conversion_mismatches);
+    ok = ok && r.max_err < 1e-5 && r.half_kv_max_err < 1e-5 && r.conversion_mismatches == 0;
+  }
   ok = ok && c.isa == b.isa && d.isa == a.isa;
 #if defined(ISA_PROBE_EXPECT_DIFFERENT)
   if (a.isa == b.isa) {

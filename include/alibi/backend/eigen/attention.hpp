@@ -10,12 +10,15 @@
 #include <limits>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include <Eigen/Core>
 
 #include "alibi/attention.hpp"
+#include "alibi/backend/eigen/kv_tiles.hpp"
 #include "alibi/backend/eigen/parallel.hpp"
 #include "alibi/backend/eigen/simd.hpp"
+#include "alibi/backend/eigen/small_rows.hpp"
 #include "alibi/backend/eigen/workspace.hpp"
 #include "alibi/detail/far_tiles.hpp"
 #include "alibi/detail/online_softmax.hpp"
@@ -128,15 +131,14 @@ struct score_tile_view {
   bool any_excluded = false;  // the key mask excludes some key of the tile
 };
 
-/// The score-tile building block, for the forward kernel and a backward one: the base-2
-/// scores scale * q.k + bias of the tile's rows and keys, -inf where a mask excludes the
-/// key, into ws.s, and each row's maximum into ws.mx[ra..]. Also lists in ws.bad the keys
-/// whose V rows must stay out of a P V product (excluded keys; with `careful`, non-finite
-/// V rows too). Returns false when no row of the item meets the tile.
-inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm,
-                               const tensor_view<const float, 4>& k,
-                               const tensor_view<const float, 4>& v, index_t j0, bool careful,
-                               workspace& ws, score_tile_view& tile) {
+/// The first step of a score tile: which rows of the item meet the tile (tile.ra, tile.m),
+/// the valid local rows [c0, c1) of each key column, and in ws.bad the keys whose V rows must
+/// stay out of a P V product (excluded keys; with `careful`, non-finite V rows too). The
+/// scores are row-major (by_rows) when the tile has fewer rows than a packet (decoding:
+/// vectorized across keys) or when `force_rows`, else column-major (vectorized across rows).
+/// Returns false when no row of the item meets the tile.
+inline bool begin_score_tile(const item_rows& it, const kv_tile& kv, index_t j0, bool careful,
+                             bool force_rows, workspace& ws, score_tile_view& tile) {
   using cfg = kernel_config;
   const attention_problem& p = *it.p;
   const index_t bk = std::min(cfg::block_k, it.ue - j0);
@@ -149,9 +151,9 @@ inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm,
       rb = r + 1;
     }
   if (ra >= rb) return false;
-  const index_t m = rb - ra, mp = packet_rows(m), d = p.head_dim, dv = p.v_head_dim;
-  tile = score_tile_view{j0, bk, ra, m, 0, m < lanes, false};
-  tile.lds = tile.by_rows ? padded_stride(cfg::block_k) : padded_stride(workspace::rows);
+  const index_t m = rb - ra, dv = p.v_head_dim;
+  tile = score_tile_view{j0, bk, ra, m, 0, force_rows || m < lanes, false};
+  tile.lds = tile.by_rows ? padded_stride(cfg::block_k) : ws.ld();
 
   // Valid local rows of each key column; keys the key mask excludes get none.
   const bool* key_mask_row = p.key_mask.data ? p.key_mask.ptr(it.b) : nullptr;
@@ -165,9 +167,17 @@ inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm,
     ws.c0[j] = lo;
     ws.c1[j] = excluded ? lo : std::max(lo, hi);
     // Excluded keys are unused memory (they may hold NaN): their V rows stay out of P V.
-    if (excluded || (careful && !all_finite(v.ptr(it.b, it.hk, key), 0, 1, dv)))
+    if (excluded || (careful && !all_finite(kv.v.data() + j * kv.v.outerStride(), 0, 1, dv)))
       ws.bad[ws.bad_count++] = j;
   }
+  return true;
+}
+
+/// The last step of a score tile: ws.s holds the dot products q.k of the tile's rows and
+/// keys (in the tile's layout); turns them into the base-2 scores scale * q.k + bias, -inf
+/// where a mask excludes the key, and each row's maximum into ws.mx[ra..].
+inline void finish_score_tile(const item_rows& it, const score_tile_view& tile, workspace& ws) {
+  const index_t ra = tile.ra, m = tile.m, mp = packet_rows(m), bk = tile.bk, j0 = tile.j0;
   for (index_t t = 0; t < mp; ++t)
     ws.base[ra + t] = t < m ? static_cast<float>(it.qo + it.i0 + ra + t - (it.ko + j0)) : 0.0f;
   tile_geometry g;
@@ -180,17 +190,9 @@ inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm,
   // Exact float distances need every |q_pos - k_pos| - shift of the tile below 2^24.
   const index_t q0 = it.qo + it.i0;
   const index_t dmax =
-      std::max(std::abs(q0 + ra - (it.ko + j0 + bk - 1)), std::abs(q0 + rb - 1 - (it.ko + j0)));
+      std::max(std::abs(q0 + ra - (it.ko + j0 + bk - 1)), std::abs(q0 + ra + m - 1 - (it.ko + j0)));
   float* mx = ws.mx.data() + ra;
   float* s = ws.s.data();
-  const_rows_map km(k.ptr(it.b, it.hk, j0), bk, d, Eigen::OuterStride<>(k.strides[2]));  // (bk, D)
-  if (tile.by_rows)
-    rows_map(s, m, bk, Eigen::OuterStride<>(tile.lds)).noalias() =
-        qm.middleRows(ra, m) * km.transpose();
-  else
-    cols_map(s, m, bk, Eigen::OuterStride<>(tile.lds)).noalias() =
-        qm.middleRows(ra, m) * km.transpose();
-
   if (dmax >= (index_t(1) << 24)) {
     score_tile_far(s, tile.by_rows ? tile.lds : 1, tile.by_rows ? 1 : tile.lds, g, it.scale2,
                    it.slope2, q0 + ra, it.ko + j0, ws.shift.data() + ra, mx);
@@ -213,16 +215,33 @@ inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm,
       }
     }
   }
+}
+
+/// The score-tile building block, for the forward kernel and a backward one: the base-2
+/// scores scale * q.k + bias of the tile's rows and keys, -inf where a mask excludes the
+/// key, into ws.s, and each row's maximum into ws.mx[ra..] (begin_score_tile, the Q K^T
+/// product by Eigen's GEMM, finish_score_tile). kv holds the tile's keys [j0, j0 + bk) in
+/// fp32. Returns false when no row of the item meets the tile.
+inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm, const kv_tile& kv,
+                               index_t j0, bool careful, workspace& ws, score_tile_view& tile) {
+  if (!begin_score_tile(it, kv, j0, careful, false, ws, tile)) return false;
+  const auto km = kv.k.topRows(tile.bk);  // (bk, D)
+  float* s = ws.s.data();
+  if (tile.by_rows)
+    rows_map(s, tile.m, tile.bk, Eigen::OuterStride<>(tile.lds)).noalias() =
+        qm.middleRows(tile.ra, tile.m) * km.transpose();
+  else
+    cols_map(s, tile.m, tile.bk, Eigen::OuterStride<>(tile.lds)).noalias() =
+        qm.middleRows(tile.ra, tile.m) * km.transpose();
+  finish_score_tile(it, tile, ws);
   return true;
 }
 
-/// The online-softmax step of a scored tile: moves each row's state to its new maximum,
-/// turns the scores into probabilities in place, rescales the rows' accumulated output o
-/// (n, Dv) and adds P V.
-inline void accumulate_tile(const item_rows& it, const score_tile_view& tile,
-                            const tensor_view<const float, 4>& v, workspace& ws, cols_map& o) {
+/// The online-softmax step of a scored tile: moves each row's state to its new maximum (the
+/// factor for its accumulated output in ws.alpha) and turns the scores into probabilities in
+/// place. Returns whether some row's accumulated output must be rescaled.
+inline bool softmax_tile(const score_tile_view& tile, workspace& ws) {
   const index_t ra = tile.ra, m = tile.m, mp = packet_rows(m), bk = tile.bk;
-  const index_t dv = it.p->v_head_dim;
   bool rescale = false;
   for (index_t t = 0; t < mp; ++t) {
     if (t >= m) {
@@ -242,26 +261,42 @@ inline void accumulate_tile(const item_rows& it, const score_tile_view& tile,
     exp_tile(s, tile.lds, m, bk, ws.m_use.data() + ra, ws.lsum.data() + ra);
   for (index_t r = ra; r < ra + m; ++r)
     ws.state[r].add(softmax_step{ws.m_use[r], ws.alpha[r]}, ws.lsum[r]);
+  return rescale;
+}
 
+/// Adds the contribution of the tile's keys whose V rows stayed out of the P V product
+/// (ws.bad): a non-finite V row still reaches exactly the rows that attend to it, even where
+/// its weight rounded to 0 (0 * NaN = NaN, as the mathematics has it); an excluded key has
+/// no such row. p(t, j): probability of local row t for key j; o_row(t): its output row.
+template <class P, class ORow>
+void add_bad_keys(const workspace& ws, const kv_tile& kv, const P& p, ORow&& o_row) {
+  for (index_t u = 0; u < ws.bad_count; ++u) {
+    const index_t j = ws.bad[u];
+    for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) o_row(t) += p(t, j) * kv.v.row(j);
+  }
+}
+
+/// The online-softmax step of a scored tile (softmax_tile), then the rows' accumulated
+/// output o (n, Dv) rescaled and P V added by Eigen's GEMM.
+inline void accumulate_tile(const item_rows& it, const score_tile_view& tile, const kv_tile& kv,
+                            workspace& ws, cols_map& o) {
+  const index_t ra = tile.ra, m = tile.m, bk = tile.bk;
+  const index_t dv = it.p->v_head_dim;
+  const bool rescale = softmax_tile(tile, ws);
+  float* s = ws.s.data();
   auto o_act = o.middleRows(ra, m);  // (m, Dv)
   if (rescale) o_act.array().colwise() *= Eigen::Map<const Eigen::ArrayXf>(ws.alpha.data() + ra, m);
-  const_rows_map vm(v.ptr(it.b, it.hk, tile.j0), bk, dv,
-                    Eigen::OuterStride<>(v.strides[2]));  // (bk, Dv)
+  const auto vm = kv.v.topRows(bk);     // (bk, Dv)
   auto multiply = [&](const auto& p) {  // p: (m, bk) probabilities, in the tile's layout
     if (ws.bad_count == 0) {
       o_act.noalias() += p * vm;
       return;
     }
-    rows_map vc(ws.v.data(), bk, dv, Eigen::OuterStride<>(padded_stride(dv)));
+    rows_map vc(ws.tile_v(dv), bk, dv, Eigen::OuterStride<>(padded_stride(dv)));
     vc = vm;
     for (index_t u = 0; u < ws.bad_count; ++u) vc.row(ws.bad[u]).setZero();
     o_act.noalias() += p * vc;
-    // A non-finite V row still reaches exactly the rows that attend to it, even where its
-    // weight rounded to 0 (0 * NaN = NaN, as the mathematics has it).
-    for (index_t u = 0; u < ws.bad_count; ++u) {
-      const index_t j = ws.bad[u];
-      for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) o_act.row(t) += p(t, j) * vm.row(j);
-    }
+    add_bad_keys(ws, kv, p, [&](index_t t) { return o_act.row(t); });
   };
   if (tile.by_rows)
     multiply(rows_map(s, m, bk, Eigen::OuterStride<>(tile.lds)));
@@ -274,7 +309,7 @@ inline void accumulate_tile(const item_rows& it, const score_tile_view& tile,
 class far_tile_skipper {
  public:
   far_tile_skipper(const item_rows& it, const const_rows_map& qm, key_norms norms, workspace& ws)
-      : it_(it), norms_(norms), ws_(ws) {
+      : it_(it), norms_(norms), ws_(&ws) {
     enabled_ = norms.prefix != nullptr && it.slope > 0.0f && std::isfinite(it.slope);
     if (!enabled_) return;
     bound_ = far_tile_bound::make(it.p->scale, it.slope);
@@ -287,8 +322,8 @@ class far_tile_skipper {
   bool left(index_t x) const {
     const float kmax = norms_.prefix[(x - 1) / kernel_config::block_k];
     for (index_t r = 0; r < it_.n; ++r) {
-      const index_t last = std::min(x, ws_.end[r]) - 1;
-      if (last < ws_.begin[r]) continue;  // the row has no key there
+      const index_t last = std::min(x, ws_->end[r]) - 1;
+      if (last < ws_->begin[r]) continue;  // the row has no key there
       if (!row_negligible(r, it_.qo + it_.i0 + r - (it_.ko + last), kmax)) return false;
     }
     return true;
@@ -297,8 +332,8 @@ class far_tile_skipper {
   bool right(index_t x) const {
     const float kmax = norms_.suffix[x / kernel_config::block_k];
     for (index_t r = 0; r < it_.n; ++r) {
-      const index_t first = std::max(x, ws_.begin[r]);
-      if (first >= ws_.end[r]) continue;
+      const index_t first = std::max(x, ws_->begin[r]);
+      if (first >= ws_->end[r]) continue;
       if (!row_negligible(r, it_.ko + first - (it_.qo + it_.i0 + r), kmax)) return false;
     }
     return true;
@@ -306,42 +341,14 @@ class far_tile_skipper {
 
  private:
   bool row_negligible(index_t r, index_t dn, float kmax) const {
-    return dn >= 0 && bound_.negligible(ws_.state[r], ws_.qnorm[r], kmax, dn, ws_.shift[r]);
+    return dn >= 0 && bound_.negligible(ws_->state[r], ws_->qnorm[r], kmax, dn, ws_->shift[r]);
   }
-  const item_rows& it_;
+  item_rows it_;
   key_norms norms_;
-  workspace& ws_;
+  workspace* ws_;
   far_tile_bound bound_{};
   bool enabled_ = false;
 };
-
-/// Visits the item's key tiles nearest-first: the tile holding the key nearest the middle
-/// row, then outward to the left, then to the right, so that the running maxima are good
-/// before the far-tile bound is consulted. Returns the number of tiles skipped.
-template <class F>
-index_t visit_tiles(const item_rows& it, const far_tile_skipper& skip, F&& process) {
-  constexpr index_t bk = kernel_config::block_k;
-  if (it.ub >= it.ue) return 0;
-  const index_t ntiles = (it.ue - it.ub + bk - 1) / bk;
-  const index_t center =
-      std::clamp<index_t>(it.qo + it.i0 + it.n / 2 - it.ko - it.ub, 0, it.ue - it.ub - 1) / bk;
-  index_t skipped = 0;
-  for (index_t t = center; t >= 0; --t) {
-    if (skip.enabled() && t < center && skip.left(std::min(it.ue, it.ub + (t + 1) * bk))) {
-      skipped += t + 1;
-      break;
-    }
-    process(it.ub + t * bk);
-  }
-  for (index_t t = center + 1; t < ntiles; ++t) {
-    if (skip.enabled() && skip.right(it.ub + t * bk)) {
-      skipped += ntiles - t;
-      break;
-    }
-    process(it.ub + t * bk);
-  }
-  return skipped;
-}
 
 /// Where an item's result goes: the output rows and logsumexp (final), or the unnormalized
 /// partial output rows (dense (n, Dv)) and their softmax states, for merge_splits.
@@ -352,9 +359,9 @@ struct item_sink {
   bool final_pass() const { return partial_o == nullptr; }
 };
 
-/// Writes the finished rows of an item.
-inline void finish_rows(const item_rows& it, const workspace& ws, const cols_map& o,
-                        const item_sink& sink) {
+/// Writes the finished rows of an item; o: its (n, Dv) unnormalized output.
+template <class O>
+void finish_rows(const item_rows& it, const workspace& ws, const O& o, const item_sink& sink) {
   const attention_problem& p = *it.p;
   const index_t dv = p.v_head_dim;
   if (!sink.final_pass()) {
@@ -375,48 +382,223 @@ inline void finish_rows(const item_rows& it, const workspace& ws, const cols_map
   }
 }
 
-/// The rows [i0, i1) of query head h of batch b against keys [kb, ke), into `sink`.
-inline void attend_rows(const attention_problem& p, const tensor_view<const float, 4>& q,
-                        const tensor_view<const float, 4>& k, const tensor_view<const float, 4>& v,
-                        const item_sink& sink, index_t b, index_t h, index_t i0, index_t i1,
-                        index_t kb, index_t ke, key_norms norms, bool careful = false) {
-  const index_t lq = p.len_q(b), dv = p.v_head_dim;
-  // Padded query rows produce zeros and logsumexp -inf.
-  if (sink.final_pass())
-    for (index_t i = std::max(i0, lq); i < i1; ++i) {
-      std::fill(sink.out.ptr(b, h, i), sink.out.ptr(b, h, i) + dv, 0.0f);
-      if (p.lse.data) p.lse(b, h, i) = -std::numeric_limits<float>::infinity();
+/// Padded query rows [max(i0, len_q), i1) of head h: zeros and logsumexp -inf.
+inline void write_padded_rows(const attention_problem& p, const tensor_view<float, 4>& out,
+                              index_t b, index_t h, index_t i0, index_t i1) {
+  for (index_t i = std::max(i0, p.len_q(b)); i < i1; ++i) {
+    std::fill(out.ptr(b, h, i), out.ptr(b, h, i) + p.v_head_dim, 0.0f);
+    if (p.lse.data) p.lse(b, h, i) = -std::numeric_limits<float>::infinity();
+  }
+}
+
+/// One query head of attend_heads: its rows, its skipping bound, how far it has got.
+struct head_pass {
+  item_rows it;
+  far_tile_skipper skip;
+  workspace* ws;
+  bool left_done = false, right_done = false;
+  index_t tiles_done = 0, tiles_skipped = 0;
+  score_tile_view tile{};  // the tile in hand (small calls)
+  bool meets = false;      // whether the tile in hand has rows of this head
+};
+
+/// The per-thread workspaces of the small calls' query heads (decoding): one per head of a
+/// GQA group, each with room for kernel_config::small_rows rows.
+inline workspace* small_workspaces(index_t heads) {
+  thread_local std::vector<workspace> w;
+  while (static_cast<index_t>(w.size()) < heads)
+    w.emplace_back(kernel_config::small_rows + 16);  // room for packet padding
+  return w.data();
+}
+
+/// One key tile for the heads of a small call, whose rows all go through one pass of the
+/// small-row products (small_rows.hpp): each K and V row of the tile is read once for all
+/// the heads' rows. Each head's scores are row-major in its workspace (ws.s), its output
+/// row-major in ws.o (leading dimension ldo); `prefetch(j)` requests rows of the next tile.
+template <class Prefetch>
+void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
+                const tensor_view<const float, 4>& q, const kv_tile& kv, index_t j0, bool careful,
+                index_t ldo, Prefetch&& prefetch) {
+  const attention_problem& p = *heads.front().it.p;
+  const index_t d = p.head_dim, dv = p.v_head_dim;
+  thread_local std::vector<const float*> in_rows;
+  thread_local std::vector<float*> out_rows;
+  in_rows.clear();
+  out_rows.clear();
+  const head_pass* first = nullptr;  // the keys left out of P V are the same for every head
+  for (head_pass& hp : heads) {
+    hp.meets = !(hp.*done) && begin_score_tile(hp.it, kv, j0, careful, true, *hp.ws, hp.tile);
+    if (!hp.meets) continue;
+    if (!first) first = &hp;
+    for (index_t t = 0; t < hp.tile.m; ++t) {
+      in_rows.push_back(q.ptr(hp.it.b, hp.it.h, hp.it.i0 + hp.tile.ra + t));
+      out_rows.push_back(hp.ws->s.data() + t * hp.tile.lds);
     }
-  const index_t n = std::min(i1, lq) - i0;
+  }
+  if (!first) return;
+  const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
+  small_scores(in_rows.data(), rows, kv.k.data(), kv.k.outerStride(), bk, d, out_rows.data(),
+               prefetch);
+
+  in_rows.clear();
+  out_rows.clear();
+  for (head_pass& hp : heads) {
+    if (!hp.meets) continue;
+    ++hp.tiles_done;
+    workspace& ws = *hp.ws;
+    finish_score_tile(hp.it, hp.tile, ws);
+    const bool rescale = softmax_tile(hp.tile, ws);
+    for (index_t t = 0; t < hp.tile.m; ++t) {
+      float* o = ws.o.data() + (hp.tile.ra + t) * ldo;
+      if (rescale) Eigen::Map<Eigen::RowVectorXf>(o, dv) *= ws.alpha[hp.tile.ra + t];
+      in_rows.push_back(ws.s.data() + t * hp.tile.lds);
+      out_rows.push_back(o);
+    }
+  }
+  small_pv(in_rows.data(), rows, kv.v.data(), kv.v.outerStride(), bk, dv, first->ws->bad.data(),
+           first->ws->bad_count, out_rows.data());
+  for (head_pass& hp : heads) {
+    if (!hp.meets || hp.ws->bad_count == 0) continue;
+    const float* s = hp.ws->s.data();
+    const index_t lds = hp.tile.lds, ra = hp.tile.ra;
+    add_bad_keys(
+        *hp.ws, kv, [&](index_t t, index_t j) { return s[t * lds + j]; },
+        [&](index_t t) {
+          return Eigen::Map<Eigen::RowVectorXf>(hp.ws->o.data() + (ra + t) * ldo, dv);
+        });
+  }
+}
+
+/// Query rows [i0, i1) of the query heads [h0, h0 + nh) of batch entry b, all of one KV
+/// head, against the keys [kb, ke); head h's result goes to sink_of(h) and it works in
+/// wss[h - h0]. The heads share each K/V tile: a tile is read from memory (and converted
+/// from half precision) once for all of them, which is what makes a GQA decode step stream
+/// each K/V byte once. Small calls (decoding) go through the small-row products, the others
+/// through Eigen's GEMMs one head at a time. With far-tile skipping, tiles are visited
+/// nearest-first (the tile holding the key nearest the middle row, then outward to the left,
+/// then to the right), so that the running maxima are good before the far-tile bound is
+/// consulted, and each head stops on a side as soon as its own bound allows. A head thus computes
+/// exactly the tiles, in the order and with the arithmetic, that it would alone: its result does
+/// not depend on the other heads of the call.
+template <bool Small, class T, class SinkOf>
+void attend_heads(const attention_problem& p, const tensor_view<const float, 4>& q,
+                  const kv_source<T>& kv, const SinkOf& sink_of, index_t b, index_t h0, index_t nh,
+                  index_t i0, index_t i1, index_t kb, index_t ke, key_norms norms, workspace* wss,
+                  bool careful = false) {
+  constexpr index_t bk = kernel_config::block_k;
+  for (index_t h = h0; h < h0 + nh; ++h)
+    if (sink_of(h).final_pass()) write_padded_rows(p, sink_of(h).out, b, h, i0, i1);
+  const index_t n = std::min(i1, p.len_q(b)) - i0, d = p.head_dim, dv = p.v_head_dim;
   if (n <= 0) return;
 
-  workspace& ws = thread_workspace();
-  ws.reserve(dv);
-  const item_rows it = prepare_rows(p, b, h, i0, n, kb, ke, ws);
-  const index_t ldo = padded_stride(workspace::rows);
-  cols_map o(ws.o.data(), n, dv, Eigen::OuterStride<>(ldo));  // (n, Dv) column-major
-  o.setZero();
-  const_rows_map qm(q.ptr(b, h, i0), n, p.head_dim, Eigen::OuterStride<>(q.strides[2]));  // (n, D)
-  const far_tile_skipper skip(it, qm, norms, ws);
-  index_t tiles_done = 0;
-  const index_t tiles_skipped = visit_tiles(it, skip, [&](index_t j0) {
-    score_tile_view tile;
-    if (!compute_score_tile(it, qm, k, v, j0, careful, ws, tile)) return;
-    ++tiles_done;
-    accumulate_tile(it, tile, v, ws, o);
-  });
-  if (p.stats && !careful) add_stats(p.stats, tiles_done, tiles_skipped);
+  auto q_rows = [&](index_t h) {  // (n, D)
+    return const_rows_map(q.ptr(b, h, i0), n, d, Eigen::OuterStride<>(q.strides[2]));
+  };
+  // The unnormalized output (n, Dv): row-major for the small-row products, column-major for
+  // the GEMMs.
+  const index_t ldo = Small ? padded_stride(std::max<index_t>(dv, 1)) : 0;
+  auto o_rows = [&](const head_pass& hp) {
+    if constexpr (Small)
+      return rows_map(hp.ws->o.data(), n, dv, Eigen::OuterStride<>(ldo));
+    else
+      return cols_map(hp.ws->o.data(), n, dv, Eigen::OuterStride<>(hp.ws->ld()));
+  };
+  thread_local std::vector<head_pass> heads;
+  heads.clear();
+  for (index_t u = 0; u < nh; ++u) {
+    workspace& ws = wss[u];
+    ws.reserve(dv);
+    const item_rows it = prepare_rows(p, b, h0 + u, i0, n, kb, ke, ws);
+    heads.push_back(head_pass{it, far_tile_skipper(it, q_rows(h0 + u), norms, ws), &ws});
+    o_rows(heads.back()).setZero();
+  }
+  // The key ranges, hence ub, ue and the visiting order, do not depend on the head.
+  const item_rows& it0 = heads.front().it;
+  // One tile; next_j0: the tile visited after it (-1: none).
+  auto process = [&](index_t j0, index_t next_j0, bool head_pass::*done) {
+    const kv_tile tile_kv = kv.tile(b, it0.hk, j0, std::min(bk, it0.ue - j0));
+    if constexpr (Small) {
+      const index_t next_bk = next_j0 < 0 ? 0 : std::min(bk, it0.ue - next_j0);
+      small_tile(heads, done, q, tile_kv, j0, careful, ldo, [&](index_t j) {
+        kv.prefetch(false, b, it0.hk, j0 + j);
+        if (j < next_bk) kv.prefetch(true, b, it0.hk, next_j0 + j);
+      });
+    } else {
+      for (head_pass& hp : heads) {
+        if (hp.*done) continue;
+        score_tile_view tile;
+        if (!compute_score_tile(hp.it, q_rows(hp.it.h), tile_kv, j0, careful, *hp.ws, tile))
+          continue;
+        ++hp.tiles_done;
+        cols_map o = o_rows(hp);
+        accumulate_tile(hp.it, tile, tile_kv, *hp.ws, o);
+      }
+    }
+  };
+  // Marks the heads whose remaining tiles on one side are negligible (`remaining` skipped
+  // tiles); false when every head is done on that side.
+  auto any_left = [&](bool head_pass::*done, index_t remaining, auto&& negligible) {
+    bool any = false;
+    for (head_pass& hp : heads) {
+      if (!(hp.*done) && hp.skip.enabled() && negligible(hp.skip)) {
+        hp.*done = true;
+        hp.tiles_skipped += remaining;
+      }
+      any |= !(hp.*done);
+    }
+    return any;
+  };
+  const index_t ntiles = it0.ub < it0.ue ? (it0.ue - it0.ub + bk - 1) / bk : 0;
+  if (Small && norms.prefix == nullptr) {
+    // Without far-tile skipping the order does not matter to the result's accuracy: small
+    // calls then read their tiles in ascending addresses, the order the hardware prefetcher
+    // follows best (the same order for every head of the call).
+    for (index_t t = 0; t < ntiles; ++t)
+      process(it0.ub + t * bk, t + 1 < ntiles ? it0.ub + (t + 1) * bk : -1, &head_pass::left_done);
+  } else if (ntiles > 0) {
+    const index_t center =
+        std::clamp<index_t>(it0.qo + it0.i0 + it0.n / 2 - it0.ko - it0.ub, 0, it0.ue - it0.ub - 1) /
+        bk;
+    for (index_t t = center; t >= 0; --t) {
+      const index_t x = std::min(it0.ue, it0.ub + (t + 1) * bk);
+      if (t < center && !any_left(&head_pass::left_done, t + 1,
+                                  [&](const far_tile_skipper& s) { return s.left(x); }))
+        break;
+      // The tile after this one: the next to the left, or the first to the right.
+      const index_t next = t > 0 ? it0.ub + (t - 1) * bk : it0.ub + (center + 1) * bk;
+      process(it0.ub + t * bk, next < it0.ue ? next : -1, &head_pass::left_done);
+    }
+    for (index_t t = center + 1; t < ntiles; ++t) {
+      const index_t x = it0.ub + t * bk;
+      if (!any_left(&head_pass::right_done, ntiles - t,
+                    [&](const far_tile_skipper& s) { return s.right(x); }))
+        break;
+      process(x, t + 1 < ntiles ? x + bk : -1, &head_pass::right_done);
+    }
+  }
 
   // P V through a GEMM multiplies masked probabilities (exact zeros) by every V row of the
-  // tile, so a non-finite V row would reach rows that never attend to it (0 * NaN = NaN).
-  // Checking every tile costs ~6%; instead a non-finite result, which finite inputs never
-  // produce, sends the whole item through the careful path that keeps such rows out of
-  // the GEMM and adds their contribution only where the probability is non-zero.
-  if (!careful && !all_finite(o.data(), ldo, dv, n)) {
-    attend_rows(p, q, k, v, sink, b, h, i0, i1, kb, ke, norms, true);
-    return;
+  // tile, so a non-finite V row would reach rows that never attend to it (0 * NaN = NaN);
+  // so do the small-row products. Checking every tile costs ~6%; instead a non-finite
+  // result, which finite inputs never produce, sends the whole call through the careful
+  // path that keeps such rows out of the products and adds their contribution only where
+  // the probability is non-zero.
+  if (!careful) {
+    index_t done = 0, skipped = 0;
+    bool finite = true;
+    for (const head_pass& hp : heads) {
+      done += hp.tiles_done;
+      skipped += hp.tiles_skipped;
+      finite = finite && (Small ? all_finite(hp.ws->o.data(), ldo, n, dv)
+                                : all_finite(hp.ws->o.data(), hp.ws->ld(), dv, n));
+    }
+    if (p.stats) add_stats(p.stats, done, skipped);
+    if (!finite) {
+      attend_heads<Small>(p, q, kv, sink_of, b, h0, nh, i0, i1, kb, ke, norms, wss, true);
+      return;
+    }
   }
-  finish_rows(it, ws, o, sink);
+  for (const head_pass& hp : heads) finish_rows(hp.it, *hp.ws, o_rows(hp), sink_of(hp.it.h));
 }
 
 /// Merges the partial results of the key chunks of rows [i0, i1) in chunk order.
@@ -447,9 +629,9 @@ inline void merge_splits(const attention_problem& p, const tensor_view<float, 4>
 /// Key-norm bounds for far-tile skipping: one pass over K (B * Hkv * Lk * D), small next to
 /// the attention itself. Keys past the length or excluded by the key mask are unused memory
 /// and are not read. prefix and suffix: (B, Hkv, grid) each.
-inline void compute_key_norms(int threads, const attention_problem& p,
-                              const tensor_view<const float, 4>& k, index_t grid, float* prefix,
-                              float* suffix) {
+template <class T>
+void compute_key_norms(int threads, const attention_problem& p, const kv_source<T>& kv,
+                       index_t grid, float* prefix, float* suffix) {
   constexpr index_t bk = kernel_config::block_k;
   parallel_for(threads, p.batch * p.kv_heads, [&](index_t bh) {
     const index_t b = bh / p.kv_heads, hk = bh % p.kv_heads, lq = p.len_q(b);
@@ -463,9 +645,7 @@ inline void compute_key_norms(int threads, const attention_problem& p,
       float worst = 0.0f;
       for (index_t j = std::max(lo, t * bk); j < std::min(hi, (t + 1) * bk); ++j) {
         if (p.key_excluded(b, j)) continue;
-        const float sq =
-            Eigen::Map<const Eigen::RowVectorXf>(k.ptr(b, hk, j), p.head_dim).squaredNorm();
-        worst = max_keep_nan(worst, sq);  // NaN disables skipping
+        worst = max_keep_nan(worst, kv.key_squared_norm(b, hk, j));  // NaN disables skipping
       }
       // Rounded up: the bound must never fall below a true norm. A float sum of D squares
       // is within D * 2^-24 (relative) of the exact one; the margin covers that and sqrt.
@@ -477,11 +657,14 @@ inline void compute_key_norms(int threads, const attention_problem& p,
   });
 }
 
-/// The work items of a call: (batch, head, query tile), the largest (last under a causal
-/// mask) first, each optionally split into key chunks.
+/// The work of a call. An item is (batch, query head, query tile); the items of a call with
+/// at most kernel_config::small_rows query rows (decoding) are worked on a GQA group at a
+/// time, so that the group's heads share each K/V tile. A unit (the items worked on
+/// together) is optionally split into key chunks.
 struct work_plan {
-  index_t tiles = 0, heads = 0, items = 0, splits = 1, chunk = 0, rows_stride = 0;
-  index_t q_heads = 0, q_len = 0;
+  index_t tiles = 0, heads = 0, items = 0, group = 1, units = 0, splits = 1, chunk = 0;
+  index_t rows_stride = 0, q_heads = 0, q_len = 0;
+  bool small = false;
 
   static work_plan make(const attention_problem& p) {
     using cfg = kernel_config;
@@ -491,8 +674,11 @@ struct work_plan {
     w.tiles = (p.q_len + cfg::block_q - 1) / cfg::block_q;
     w.heads = p.batch * p.q_heads;
     w.items = w.heads * w.tiles;
-    if (w.items < cfg::min_items && p.k_len >= 2 * cfg::min_split_keys)
-      w.splits = std::min((cfg::min_items + w.items - 1) / w.items, p.k_len / cfg::min_split_keys);
+    w.small = p.q_len <= cfg::small_rows;
+    w.group = w.small ? p.group_size() : 1;
+    w.units = w.items / w.group;
+    if (w.units < cfg::min_items && p.k_len >= 2 * cfg::min_split_keys)
+      w.splits = std::min((cfg::min_items + w.units - 1) / w.units, p.k_len / cfg::min_split_keys);
     // Split keys: chunk c covers keys [c * chunk, (c + 1) * chunk).
     w.chunk =
         ((p.k_len + w.splits - 1) / w.splits + cfg::block_k - 1) / cfg::block_k * cfg::block_k;
@@ -508,11 +694,15 @@ struct work_plan {
     i0 = t * kernel_config::block_q;
     i1 = std::min(q_len, i0 + kernel_config::block_q);
   }
+  /// The item of query head h of batch entry b whose query tile starts at row i0.
+  index_t item_of(index_t b, index_t h, index_t i0) const {
+    return (tiles - 1 - i0 / kernel_config::block_q) * heads + b * q_heads + h;
+  }
 };
 
-inline void run(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,
-                const tensor_view<const float, 4>& k, const tensor_view<const float, 4>& v,
-                const tensor_view<float, 4>& out) {
+template <class T>
+void run(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,
+         const kv_source<T>& kv, const tensor_view<float, 4>& out) {
   if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;
   const work_plan plan = work_plan::make(p);
   const int nthreads = resolve_threads(threads);
@@ -527,52 +717,58 @@ inline void run(int threads, const attention_problem& p, const tensor_view<const
     const auto size = static_cast<std::size_t>(p.batch * p.kv_heads * grid);
     prefix_buf.reserve(size);
     suffix_buf.reserve(size);
-    compute_key_norms(nthreads, p, k, grid, prefix_buf.data(), suffix_buf.data());
+    compute_key_norms(nthreads, p, kv, grid, prefix_buf.data(), suffix_buf.data());
   }
   const float* prefix = prefix_buf.data();
   const float* suffix = suffix_buf.data();
-  auto norms_for = [&](index_t b, index_t h) {
+  auto norms_for = [&](index_t b, index_t hk) {
     key_norms kn;
     if (skipping) {
-      const index_t bh = b * p.kv_heads + p.kv_head(h);
-      kn.prefix = prefix + bh * grid;
-      kn.suffix = suffix + bh * grid;
+      kn.prefix = prefix + (b * p.kv_heads + hk) * grid;
+      kn.suffix = suffix + (b * p.kv_heads + hk) * grid;
     }
     return kn;
   };
-
-  if (plan.splits == 1) {
-    parallel_for(nthreads, plan.items, [&](index_t item) {
-      index_t b, h, i0, i1;
-      plan.coords(item, b, h, i0, i1);
-      attend_rows(p, q, k, v, item_sink{out}, b, h, i0, i1, 0, p.k_len, norms_for(b, h));
-    });
-    return;
+  const index_t dv = p.v_head_dim;
+  if (plan.splits > 1) {
+    const index_t slots = plan.items * plan.splits;
+    part_o_buf.reserve(static_cast<std::size_t>(slots * plan.rows_stride * dv));
+    part_state_buf.reserve(static_cast<std::size_t>(slots * plan.rows_stride));
   }
-  const index_t dv = p.v_head_dim, slots = plan.items * plan.splits;
-  part_o_buf.reserve(static_cast<std::size_t>(slots * plan.rows_stride * dv));
-  part_state_buf.reserve(static_cast<std::size_t>(slots * plan.rows_stride));
   float* part_o = part_o_buf.data();
   softmax_state* part_state = part_state_buf.data();
-  parallel_for(nthreads, slots, [&](index_t work) {
-    const index_t item = work / plan.splits, c = work % plan.splits;
-    index_t b, h, i0, i1;
-    plan.coords(item, b, h, i0, i1);
-    const item_sink sink{out, part_o + work * plan.rows_stride * dv,
-                         part_state + work * plan.rows_stride};
+
+  parallel_for(nthreads, plan.units * plan.splits, [&](index_t work) {
+    const index_t unit = work / plan.splits, c = work % plan.splits;
+    index_t b, h0, i0, i1;
+    plan.coords(unit * plan.group, b, h0, i0, i1);
+    const index_t kb = c * plan.chunk, ke = std::min(p.k_len, (c + 1) * plan.chunk);
+    auto sink_of = [&](index_t h) {
+      if (plan.splits == 1) return item_sink{out};
+      const index_t slot = plan.item_of(b, h, i0) * plan.splits + c;
+      return item_sink{out, part_o + slot * plan.rows_stride * dv,
+                       part_state + slot * plan.rows_stride};
+    };
     // Rows of a chunk without keys keep the empty state (merge_splits skips them).
-    for (index_t r = 0; r < i1 - i0; ++r) sink.partial_state[r] = softmax_state{};
-    attend_rows(p, q, k, v, sink, b, h, i0, i1, c * plan.chunk,
-                std::min(p.k_len, (c + 1) * plan.chunk), norms_for(b, h));
+    if (plan.splits > 1)
+      for (index_t h = h0; h < h0 + plan.group; ++h)
+        std::fill(sink_of(h).partial_state, sink_of(h).partial_state + (i1 - i0), softmax_state{});
+    // The small-row products for every item with at most small_rows valid query rows, in a
+    // small call or not: a sequence computes the same bits alone as padded in a batch.
+    const key_norms norms = norms_for(b, p.kv_head(h0));
+    if (plan.small)
+      attend_heads<true>(p, q, kv, sink_of, b, h0, plan.group, i0, i1, kb, ke, norms,
+                         small_workspaces(plan.group));
+    else if (std::min(i1, p.len_q(b)) - i0 <= kernel_config::small_rows)
+      attend_heads<true>(p, q, kv, sink_of, b, h0, 1, i0, i1, kb, ke, norms, small_workspaces(1));
+    else
+      attend_heads<false>(p, q, kv, sink_of, b, h0, 1, i0, i1, kb, ke, norms, &thread_workspace());
   });
+  if (plan.splits == 1) return;
   parallel_for(nthreads, plan.items, [&](index_t item) {
     index_t b, h, i0, i1;
     plan.coords(item, b, h, i0, i1);
-    // Padded rows of the tile: zeros and -inf, as in the unsplit path.
-    for (index_t i = std::max(i0, p.len_q(b)); i < i1; ++i) {
-      std::fill(out.ptr(b, h, i), out.ptr(b, h, i) + dv, 0.0f);
-      if (p.lse.data) p.lse(b, h, i) = -std::numeric_limits<float>::infinity();
-    }
+    write_padded_rows(p, out, b, h, i0, i1);  // as in the unsplit path
     const index_t slot = item * plan.splits;
     merge_splits(p, out, b, h, i0, i1, plan.splits, part_o + slot * plan.rows_stride * dv,
                  part_state + slot * plan.rows_stride, plan.rows_stride);
@@ -584,23 +780,25 @@ inline void run(int threads, const attention_problem& p, const tensor_view<const
 
 template <>
 struct attention_impl<backend::eigen> {
+  template <class TQ, class TKV, class TO>
+  static constexpr bool implemented =
+      std::is_same<TQ, float>::value&& std::is_same<TO, float>::value&& cpu::is_cpu_kv_type<TKV>;
+
   template <class TQ, class TKV, class TO, class Isa>
   static status can_implement(const backend::eigen&, const attention_problem&,
                               const attention_tensors<TQ, TKV, TO, Isa>&) {
-    if (!std::is_same<TQ, float>::value || !std::is_same<TKV, float>::value ||
-        !std::is_same<TO, float>::value)
+    if (!implemented<TQ, TKV, TO>)
       return status::failure(
-          "alibi::attention (eigen): q, k, v and out must be float (use alibi::backend::reference "
-          "for double)");
+          "alibi::attention (eigen): q and out must be float, k and v float, Eigen::half or "
+          "Eigen::bfloat16 (use alibi::backend::reference for double)");
     return {};
   }
 
   template <class TQ, class TKV, class TO, class Isa>
   static void run(const backend::eigen& be, const attention_problem& p,
                   const attention_tensors<TQ, TKV, TO, Isa>& t) {
-    if constexpr (std::is_same<TQ, float>::value && std::is_same<TKV, float>::value &&
-                  std::is_same<TO, float>::value)
-      cpu::run(be.threads, p, t.q, t.k, t.v, t.out);
+    if constexpr (implemented<TQ, TKV, TO>)
+      cpu::run(be.threads, p, t.q, cpu::kv_source<TKV>{t.k, t.v}, t.out);
   }
 
   template <class T>

@@ -194,7 +194,7 @@ inline void backward_tile(const backward_inputs& in, const backward_item& item, 
   // Excluded keys are unused memory (they may hold NaN): their K and V rows stay out of the
   // products (their probabilities and score gradients are exact zeros).
   rows_map kz(bws.k.data(), bk, d, Eigen::OuterStride<>(padded_stride(std::max<index_t>(d, 1))));
-  rows_map vz(ws.v.data(), bk, dv, Eigen::OuterStride<>(padded_stride(std::max<index_t>(dv, 1))));
+  rows_map vz(ws.tile_v(dv), bk, dv, Eigen::OuterStride<>(padded_stride(std::max<index_t>(dv, 1))));
   const bool zeroed = ws.bad_count > 0;
   if (zeroed) {
     kz = km;
@@ -313,7 +313,8 @@ inline void backward_item_run(const backward_inputs& in, const backward_item& it
         const_rows_map dom(in.dout.ptr(b, h, i0), i1 - i0, dv,
                            Eigen::OuterStride<>(in.dout.strides[2]));
         score_tile_view tile;
-        if (!compute_score_tile(it, qm, in.k, in.v, j0, false, ws, tile)) continue;
+        const kv_tile kv = kv_source<float>{in.k, in.v}.tile(b, item.hk, j0, j1 - j0);
+        if (!compute_score_tile(it, qm, kv, j0, false, ws, tile)) continue;
         ++computed;
         probabilities_from_lse(in, it, tile, ws);
         backward_tile(in, item, it, tile, qm, dom, careful, ws, bws);
@@ -409,7 +410,8 @@ inline void run_backward(int threads, const attention_problem& p,
     qnorm_buf.reserve(static_cast<std::size_t>(rows));
     prefix_buf.reserve(static_cast<std::size_t>(pairs * grid));
     suffix_buf.reserve(static_cast<std::size_t>(pairs * grid));
-    compute_key_norms(nthreads, p, t.k, grid, prefix_buf.data(), suffix_buf.data());
+    compute_key_norms(nthreads, p, kv_source<float>{t.k, t.v}, grid, prefix_buf.data(),
+                      suffix_buf.data());
     in.prefix = prefix_buf.data();
     in.suffix = suffix_buf.data();
     in.qnorm = qnorm_buf.data();

@@ -24,6 +24,10 @@ struct kernel_config {
   // softmax states. The split depends on the shape only, never on the thread count, so
   // results stay bitwise independent of the thread count.
   static constexpr index_t min_items = 16;
+  // Calls with at most this many query rows (decoding, a few speculative tokens) work on
+  // the query heads of a GQA group together, so that they share each K/V tile; work items
+  // with at most this many valid rows go through the small-row products (small_rows.hpp).
+  static constexpr index_t small_rows = 16;
   static constexpr index_t min_split_keys = 2048;
   static_assert(min_split_keys % block_k == 0, "key chunks must hold whole key tiles");
 };
@@ -84,10 +88,13 @@ inline index_t padded_stride(index_t n) { return (n + 15) / 16 * 16; }
 /// with every buffer 64-byte aligned every thread computes in the same order.
 struct workspace {
   static constexpr index_t rows = kernel_config::block_q + 16;  // room for packet padding
-  aligned_buffer<float> s;  // (rows, block_k) column-major: scores, then probabilities
-  aligned_buffer<float> o;  // (rows, Dv) column-major: unnormalized output
+  /// Query rows this workspace holds: `rows`, or fewer for the small items of decoding,
+  /// where each query head of a GQA group has a workspace of its own.
+  index_t capacity = rows;
+  aligned_buffer<float> s;  // (capacity, block_k) column-major: scores, then probabilities
+  aligned_buffer<float> o;  // (capacity, Dv) column-major: unnormalized output
   aligned_buffer<float> v;  // (block_k, padded Dv) a V tile with unusable rows zeroed
-  // Per query row of the item (rows):
+  // Per query row of the item (capacity):
   aligned_buffer<float> base, shift_f, mx, m_use, alpha, lsum, qnorm;
   aligned_buffer<softmax_state> state;
   aligned_buffer<index_t> shift, begin, end;
@@ -96,18 +103,30 @@ struct workspace {
   aligned_buffer<index_t> bad;  // keys of the tile whose V row stays out of the GEMM
   index_t bad_count = 0;
 
+  explicit workspace(index_t capacity_rows = rows) : capacity(capacity_rows) {}
+
+  /// The leading dimension of the column-major s and o.
+  index_t ld() const { return padded_stride(capacity); }
+
   void reserve(index_t dv) {
-    const auto r = static_cast<std::size_t>(rows);
+    const auto r = static_cast<std::size_t>(capacity);
     const auto bk = static_cast<std::size_t>(kernel_config::block_k);
     // At least one padded row even for v_head_dim 0, so that no map is built on null.
     const auto d = static_cast<std::size_t>(padded_stride(std::max<index_t>(dv, 1)));
     s.reserve(r * bk);
     o.reserve(r * d);
-    v.reserve(bk * d);
     for (auto* a : {&base, &shift_f, &mx, &m_use, &alpha, &lsum, &qnorm}) a->reserve(r);
     state.reserve(r);
     for (auto* a : {&shift, &begin, &end}) a->reserve(r);
     for (auto* a : {&c0, &c1, &bad}) a->reserve(bk);
+  }
+
+  /// The V-tile scratch (block_k, padded Dv), allocated on first use: only tiles with keys
+  /// that must stay out of a P V product need it.
+  float* tile_v(index_t dv) {
+    v.reserve(
+        static_cast<std::size_t>(kernel_config::block_k * padded_stride(std::max<index_t>(dv, 1))));
+    return v.data();
   }
 };
 

@@ -8,30 +8,50 @@
 #include <type_traits>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "alibi/attention.hpp"
 #include "alibi/merge.hpp"
 
 namespace alibi {
 namespace detail {
 
+/// Input element types the reference reads: the floating-point types and Eigen's half and
+/// bfloat16 (converted exactly: every value of those is a float).
+template <class T>
+inline constexpr bool is_reference_input =
+    std::is_floating_point<T>::value || std::is_same<T, Eigen::half>::value ||
+    std::is_same<T, Eigen::bfloat16>::value;
+
+/// An input element as a double, exactly (long double rounds).
+template <class T>
+double input_as_double(T x) {
+  if constexpr (std::is_floating_point<T>::value)
+    return static_cast<double>(x);
+  else
+    return static_cast<double>(static_cast<float>(x));
+}
+
 template <>
 struct attention_impl<backend::reference> {
+  template <class TQ, class TKV, class TO>
+  static constexpr bool implemented =
+      is_reference_input<TQ>&& is_reference_input<TKV>&& std::is_floating_point<TO>::value;
+
   template <class TQ, class TKV, class TO, class Isa>
   static status can_implement(const backend::reference&, const attention_problem&,
                               const attention_tensors<TQ, TKV, TO, Isa>&) {
-    if (!std::is_floating_point<TQ>::value || !std::is_floating_point<TKV>::value ||
-        !std::is_floating_point<TO>::value)
+    if (!implemented<TQ, TKV, TO>)
       return status::failure(
-          "alibi::attention (reference): q, k, v and out must be float or double (any mix)");
+          "alibi::attention (reference): q, k and v must be float, double, Eigen::half or "
+          "Eigen::bfloat16 (any mix), out float or double");
     return {};
   }
 
   template <class TQ, class TKV, class TO, class Isa>
   static void run(const backend::reference&, const attention_problem& p,
                   const attention_tensors<TQ, TKV, TO, Isa>& t) {
-    if constexpr (std::is_floating_point<TQ>::value && std::is_floating_point<TKV>::value &&
-                  std::is_floating_point<TO>::value)
-      compute(p, t.q, t.k, t.v, t.out);
+    if constexpr (implemented<TQ, TKV, TO>) compute(p, t.q, t.k, t.v, t.out);
   }
 
   template <class T>
@@ -62,7 +82,7 @@ struct attention_impl<backend::reference> {
             if (j < keys.begin || j >= keys.end || p.key_excluded(b, j)) continue;
             double dot = 0;
             for (index_t d = 0; d < p.head_dim; ++d)
-              dot += static_cast<double>(q(b, h, i, d)) * static_cast<double>(k(b, hk, j, d));
+              dot += input_as_double(q(b, h, i, d)) * input_as_double(k(b, hk, j, d));
             // slope 0 (or ALiBi disabled) adds nothing at all, not a signed zero. The row's
             // distance shift keeps the bias small and exact in double even for positions
             // near 2^60 (the softmax does not see it; logsumexp adds it back below).
@@ -92,7 +112,7 @@ struct attention_impl<backend::reference> {
               const double w = std::exp(row[j] - shift);
               sum += w;
               for (index_t d = 0; d < p.v_head_dim; ++d)
-                acc[static_cast<std::size_t>(d)] += w * static_cast<double>(v(b, hk, j, d));
+                acc[static_cast<std::size_t>(d)] += w * input_as_double(v(b, hk, j, d));
             }
             for (auto& a : acc) a /= sum;
             lse = shift + std::log(sum) -

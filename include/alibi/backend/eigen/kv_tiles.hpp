@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: MIT
+// K and V as the fused CPU kernel reads them: fp32 in place, fp16 / bf16 converted tile by
+// tile into per-thread fp32 buffers. Scores, softmax and accumulation stay fp32 whatever the
+// storage; half-precision storage halves the bytes a memory-bound decode step streams.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#include "alibi/backend/eigen/workspace.hpp"
+#include "alibi/config.hpp"
+#include "alibi/tensor_view.hpp"
+
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace alibi {
+namespace detail {
+namespace cpu {
+
+/// The K/V element types the eigen backend reads (q and out are float).
+template <class T>
+inline constexpr bool is_cpu_kv_type =
+    std::is_same<T, float>::value || std::is_same<T, Eigen::half>::value ||
+    std::is_same<T, Eigen::bfloat16>::value;
+
+inline namespace ALIBI_CPU_ISA {
+
+/// dst[0, n) = src[0, n) as floats. Both conversions are exact (every half and bfloat16
+/// value is a float). With F16C (fp16) or AVX2 (bf16: the 16 bits are a float's top half,
+/// so a zero-extend and a 16-bit shift) eight values per instruction; otherwise Eigen's
+/// scalar conversion. The vector and scalar paths give the same floats for every bit pattern
+/// except signalling NaNs, which F16C returns quieted (a NaN either way).
+inline void to_float(const Eigen::half* src, float* dst, index_t n) {
+  index_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+inline void to_float(const Eigen::bfloat16* src, float* dst, index_t n) {
+  index_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+  }
+#endif
+  for (; i < n; ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, src + i, sizeof bits);
+    const std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
+    std::memcpy(dst + i, &wide, sizeof wide);
+  }
+}
+
+inline void to_float(const float* src, float* dst, index_t n) {
+  std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+}
+
+using kv_row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using kv_rows_map = Eigen::Map<const kv_row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+/// The K and V rows of one key tile, as fp32 matrices: k (bk, D), v (bk, Dv).
+struct kv_tile {
+  kv_rows_map k, v;
+};
+
+/// Per-thread fp32 copies of one K tile and one V tile (half-precision storage only).
+struct kv_tile_buffers {
+  aligned_buffer<float> k, v;
+  static kv_tile_buffers& local() {
+    thread_local kv_tile_buffers b;
+    return b;
+  }
+};
+
+/// K (B, Hkv, Lk, D) and V (B, Hkv, Lk, Dv) of a call in storage type T.
+template <class T>
+struct kv_source {
+  tensor_view<const T, 4> k, v;
+
+  /// Keys [j0, j0 + bk) of (b, hk): views of the memory for float, otherwise converted into
+  /// the calling thread's buffers (valid until its next tile() call).
+  kv_tile tile(index_t b, index_t hk, index_t j0, index_t bk) const {
+    const index_t d = k.extents[3], dv = v.extents[3];
+    if constexpr (std::is_same<T, float>::value) {
+      return {kv_rows_map(k.ptr(b, hk, j0), bk, d, Eigen::OuterStride<>(k.strides[2])),
+              kv_rows_map(v.ptr(b, hk, j0), bk, dv, Eigen::OuterStride<>(v.strides[2]))};
+    } else {
+      kv_tile_buffers& buf = kv_tile_buffers::local();
+      // Padded leading dimensions keep every row 64-byte aligned, like the workspace.
+      const index_t ldk = padded_stride(std::max<index_t>(d, 1));
+      const index_t ldv = padded_stride(std::max<index_t>(dv, 1));
+      buf.k.reserve(static_cast<std::size_t>(kernel_config::block_k * ldk));
+      buf.v.reserve(static_cast<std::size_t>(kernel_config::block_k * ldv));
+      for (index_t j = 0; j < bk; ++j) {
+        to_float(k.ptr(b, hk, j0 + j), buf.k.data() + j * ldk, d);
+        to_float(v.ptr(b, hk, j0 + j), buf.v.data() + j * ldv, dv);
+      }
+      return {kv_rows_map(buf.k.data(), bk, d, Eigen::OuterStride<>(ldk)),
+              kv_rows_map(buf.v.data(), bk, dv, Eigen::OuterStride<>(ldv))};
+    }
+  }
+
+  /// Requests the K (or V) row of key j of (b, hk) from memory, ahead of its use.
+  void prefetch(bool keys, index_t b, index_t hk, index_t j) const {
+    const tensor_view<const T, 4>& t = keys ? k : v;
+    const char* row = reinterpret_cast<const char*>(t.ptr(b, hk, j));
+    const auto bytes = static_cast<index_t>(t.extents[3] * sizeof(T));
+    for (index_t c = 0; c < bytes; c += 64) __builtin_prefetch(row + c, 0, 2);
+  }
+
+  /// |k_j|^2 of key j of (b, hk), accumulated in float as for fp32 storage.
+  float key_squared_norm(index_t b, index_t hk, index_t j) const {
+    const index_t d = k.extents[3];
+    if constexpr (std::is_same<T, float>::value) {
+      return Eigen::Map<const Eigen::RowVectorXf>(k.ptr(b, hk, j), d).squaredNorm();
+    } else {
+      thread_local aligned_buffer<float> row;
+      row.reserve(static_cast<std::size_t>(std::max<index_t>(d, 1)));
+      to_float(k.ptr(b, hk, j), row.data(), d);
+      return Eigen::Map<const Eigen::RowVectorXf>(row.data(), d).squaredNorm();
+    }
+  }
+};
+
+}  // namespace ALIBI_CPU_ISA
+}  // namespace cpu
+}  // namespace detail
+}  // namespace alibi
