@@ -74,13 +74,12 @@ void BM_layer(benchmark::State& state) {
       alibi_bench::attention_flops(H, L, L, E / H, causal) * n / t.attention / 1e9;
 }
 
-// Args: tokens in the KV cache, threads. One decoding step (one new token, causal): the
-// step is timed, then the cache is truncated back.
-void BM_layer_decode(benchmark::State& state) {
-  const index_t N = state.range(0);
-  const int threads = static_cast<int>(state.range(1));
+// One decoding step (one new token, causal) with a cache of N tokens stored as S: the step
+// is timed, then the cache is truncated back.
+template <class S>
+void layer_decode(benchmark::State& state, index_t N, int threads) {
   auto layer = make_layer(threads);
-  auto cache = alibi::kv_cache<float, alibi::backend::eigen>::for_module(layer, 1, N + 1);
+  auto cache = alibi::kv_cache<float, alibi::backend::eigen, S>::for_module(layer, 1, N + 1);
   std::mt19937 rng(3);
   std::normal_distribution<float> randn;
   std::vector<float> prompt(static_cast<std::size_t>(N * E)), x(E), y(E);
@@ -100,8 +99,18 @@ void BM_layer_decode(benchmark::State& state) {
   }
   report(state, t);
   // Bytes a step must read: the weights (4 E^2 + 2 E F floats) and the cached K and V.
-  const double bytes = 4.0 * (4.0 * E * E + 2.0 * E * F + 2.0 * N * E);
+  const double bytes = 4.0 * (4.0 * E * E + 2.0 * E * F) + 2.0 * N * E * sizeof(S);
   state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: tokens in the KV cache, threads, cache type (0 fp32, 1 fp16).
+void BM_layer_decode(benchmark::State& state) {
+  const index_t N = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  if (state.range(2) == 0)
+    layer_decode<float>(state, N, threads);
+  else
+    layer_decode<Eigen::half>(state, N, threads);
 }
 
 void BM_sgemm_1024(benchmark::State& state) {
@@ -124,8 +133,8 @@ BENCHMARK(BM_layer)
     ->ReportAggregatesOnly(true);
 
 BENCHMARK(BM_layer_decode)
-    ->ArgsProduct({{512, 2048, 8192}, {1, 2}})
-    ->ArgNames({"cache", "threads"})
+    ->ArgsProduct({{512, 2048, 8192}, {1, 2}, {0, 1}})
+    ->ArgNames({"cache", "threads", "fp16"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Repetitions(3)

@@ -82,6 +82,12 @@ struct no_rounding {
   }
 };
 
+/// Leaves the projected keys and values as they are.
+struct no_kv_hook {
+  template <class V>
+  void operator()(V&, V&) const {}
+};
+
 template <class R, class Round = no_rounding>
 std::vector<R> linear_ref(const std::vector<R>& x, index_t rows, index_t in, const named_tensor& w,
                           const named_tensor* b, Round round = {}) {
@@ -105,19 +111,22 @@ inline const named_tensor* optional(const weight_map& w, const std::string& name
 
 /// Multi-head attention of dense (batch, len, features) inputs -> (batch, q_len, embed_dim);
 /// rows past q_len(b) are 0. Positions: bottom-right (query i at k_len(b) - q_len(b) + i).
-template <class R, class Round = no_rounding>
+/// `kv_hook(k, v)` may change the projected keys and values ((B * Lk, kv_heads * head_dim)
+/// each), e.g. to the values a half-precision KV cache holds.
+template <class R, class Round = no_rounding, class KvHook = no_kv_hook>
 std::vector<R> mha_ref(const alibi::mha_config& c, const weight_map& w, const std::string& pre,
                        const std::vector<R>& query, const std::vector<R>& key,
                        const std::vector<R>& value, index_t B, index_t Lq, index_t Lk,
-                       const mask_args& m, Round round = {}) {
+                       const mask_args& m, Round round = {}, KvHook kv_hook = {}) {
   const index_t E = c.embed_dim, D = c.head_dim, Hq = c.q_heads, Hkv = c.kv_heads;
   const index_t nq = Hq * D, nkv = Hkv * D;
   const auto q = linear_ref(query, B * Lq, E, w.at(pre + "q_proj.weight"),
                             optional(w, pre + "q_proj.bias"), round);
-  const auto k = linear_ref(key, B * Lk, c.key_dim, w.at(pre + "k_proj.weight"),
-                            optional(w, pre + "k_proj.bias"), round);
-  const auto v = linear_ref(value, B * Lk, c.value_dim, w.at(pre + "v_proj.weight"),
-                            optional(w, pre + "v_proj.bias"), round);
+  auto k = linear_ref(key, B * Lk, c.key_dim, w.at(pre + "k_proj.weight"),
+                      optional(w, pre + "k_proj.bias"), round);
+  auto v = linear_ref(value, B * Lk, c.value_dim, w.at(pre + "v_proj.weight"),
+                      optional(w, pre + "v_proj.bias"), round);
+  kv_hook(k, v);
   const R scale = c.scale ? static_cast<R>(*c.scale) : R(1) / std::sqrt(static_cast<R>(D));
   std::vector<R> ctx(static_cast<std::size_t>(B * Lq * nq), R(0));
   for (index_t b = 0; b < B; ++b) {
@@ -181,9 +190,10 @@ void layer_norm_ref(std::vector<R>& x, index_t rows, index_t n, const named_tens
 }
 
 /// The Transformer layer of seed 001 (post-norm) or its pre-norm variant; padded rows 0.
-template <class R, class Round = no_rounding>
+template <class R, class Round = no_rounding, class KvHook = no_kv_hook>
 std::vector<R> layer_ref(const alibi::layer_config& c, const weight_map& w, const std::vector<R>& x,
-                         index_t B, index_t L, const mask_args& m, Round round = {}) {
+                         index_t B, index_t L, const mask_args& m, Round round = {},
+                         KvHook kv_hook = {}) {
   const index_t E = c.attention.embed_dim, rows = B * L;
   const R eps = static_cast<R>(c.norm_eps);
   auto ffn = [&](const std::vector<R>& y) {
@@ -199,7 +209,7 @@ std::vector<R> layer_ref(const alibi::layer_config& c, const weight_map& w, cons
   };
   std::vector<R> out = x;
   if (c.norm == alibi::norm_position::post) {
-    const auto a = mha_ref(c.attention, w, "self_attn.", x, x, x, B, L, L, m, round);
+    const auto a = mha_ref(c.attention, w, "self_attn.", x, x, x, B, L, L, m, round, kv_hook);
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + a[i]);
     layer_norm_ref(out, rows, E, w.at("norm1.weight"), w.at("norm1.bias"), eps, round);
     const auto f = ffn(out);
@@ -208,7 +218,7 @@ std::vector<R> layer_ref(const alibi::layer_config& c, const weight_map& w, cons
   } else {
     std::vector<R> n = x;
     layer_norm_ref(n, rows, E, w.at("norm1.weight"), w.at("norm1.bias"), eps, round);
-    const auto a = mha_ref(c.attention, w, "self_attn.", n, n, n, B, L, L, m, round);
+    const auto a = mha_ref(c.attention, w, "self_attn.", n, n, n, B, L, L, m, round, kv_hook);
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + a[i]);
     n = out;
     layer_norm_ref(n, rows, E, w.at("norm2.weight"), w.at("norm2.bias"), eps, round);

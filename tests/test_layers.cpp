@@ -11,6 +11,8 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <alibi/alibi.hpp>
@@ -287,9 +289,44 @@ TEST_CASE("layers: results do not depend on the thread count (bitwise)", "[layer
 
 namespace {
 
+/// For the references of a stack decoded through caches of storage type S: replaces the
+/// projected keys and values with those the layer's cache holds, after checking that each
+/// stored value is the projection rounded to S (within one unit of S's last place: the
+/// layer rounds its own fp32 projection, which may lie on the other side of a rounding
+/// boundary). Why replace: rounding to S is not continuous, so a reference that rounded its
+/// own projections would differ from a correct layer by a whole unit wherever the two
+/// projections straddle a boundary; with the stored values the references and the layer
+/// compute from the same numbers, and the fp32 tolerance rule applies.
+template <class S>
+struct stored_kv {
+  const alibi::kv_cache<float, cpu, S>* cache;
+  std::vector<index_t> lengths;
+  index_t* misrounded;
+  template <class V>
+  void operator()(V& k, V& v) const {
+    const index_t B = cache->batch(), Hkv = cache->kv_heads(), D = cache->head_dim();
+    const index_t L = static_cast<index_t>(k.size()) / (B * Hkv * D);
+    // Machine epsilon of S: 10 (fp16) or 7 (bf16) stored fraction bits.
+    const double eps = std::is_same<S, Eigen::half>::value ? 0x1p-10 : 0x1p-7;
+    for (auto [ref, stored] : {std::pair{&k, cache->keys()}, std::pair{&v, cache->values()}})
+      for (index_t b = 0; b < B; ++b)
+        for (index_t j = 0; j < lengths[static_cast<std::size_t>(b)]; ++j)
+          for (index_t h = 0; h < Hkv; ++h)
+            for (index_t d = 0; d < D; ++d) {
+              auto& x = (*ref)[static_cast<std::size_t>(((b * L + j) * Hkv + h) * D + d)];
+              const double s = static_cast<double>(static_cast<float>(stored(b, h, j, d)));
+              const double xd = static_cast<double>(x);
+              if (!(std::abs(s - xd) <= eps * std::abs(xd) + 1e-5)) ++*misrounded;
+              x = static_cast<typename V::value_type>(s);
+            }
+  }
+};
+
 /// Runs a stack of layers over whole sequences, and the same stack incrementally: a prefill
 /// of per-sequence prompt lengths, then steps appending `step(b)` tokens per sequence.
 /// Every incremental output row must match the full causal reference like the full forward.
+/// S: the caches' storage type (the references then read the keys and values it holds).
+template <class S = float>
 void check_decode_equals_prefill(alibi::norm_position norm, index_t Hkv) {
   alibi::layer_config lc;
   lc.attention.embed_dim = 48;
@@ -310,22 +347,10 @@ void check_decode_equals_prefill(alibi::norm_position norm, index_t Hkv) {
   }
   const auto x = randn(B * L * E, 42);  // token embeddings (batch, L, E)
 
-  // Reference: the full causal forward of every sequence through the stack.
-  mask_args m;
-  m.causal = true;
-  m.q_len = m.k_len = total;
-  auto ref = cast_vector<double>(x);
-  std::vector<float> naive = x;
-  for (index_t l = 0; l < n_layers; ++l) {
-    ref = layer_ref<double>(layers[0].config(), weights[static_cast<std::size_t>(l)], ref, B, L, m);
-    naive =
-        layer_ref<float>(layers[0].config(), weights[static_cast<std::size_t>(l)], naive, B, L, m);
-  }
-
   // Incremental: chunks of new tokens per sequence, gathered into a (batch, n, E) input.
-  std::vector<alibi::kv_cache<float, cpu>> caches;
+  std::vector<alibi::kv_cache<float, cpu, S>> caches;
   for (auto& layer : layers)
-    caches.push_back(alibi::kv_cache<float, cpu>::for_module(layer, B, 48));
+    caches.push_back(alibi::kv_cache<float, cpu, S>::for_module(layer, B, 48));
   std::vector<float> got(static_cast<std::size_t>(B * L * E), nan_f);
   std::vector<index_t> done(B, 0);
   int step = 0;
@@ -359,6 +384,26 @@ void check_decode_equals_prefill(alibi::norm_position norm, index_t Hkv) {
   }
   for (index_t b = 0; b < B; ++b)
     for (index_t i = total[b]; i < L; ++i) std::fill_n(got.begin() + (b * L + i) * E, E, 0.0f);
+
+  // Reference: the full causal forward of every sequence through the stack.
+  mask_args m;
+  m.causal = true;
+  m.q_len = m.k_len = total;
+  auto ref = cast_vector<double>(x);
+  std::vector<float> naive = x;
+  index_t misrounded = 0;
+  for (index_t l = 0; l < n_layers; ++l) {
+    const auto& w = weights[static_cast<std::size_t>(l)];
+    if constexpr (std::is_same<S, float>::value) {
+      ref = layer_ref<double>(layers[0].config(), w, ref, B, L, m);
+      naive = layer_ref<float>(layers[0].config(), w, naive, B, L, m);
+    } else {
+      const stored_kv<S> hook{&caches[static_cast<std::size_t>(l)], total, &misrounded};
+      ref = layer_ref<double>(layers[0].config(), w, ref, B, L, m, no_rounding{}, hook);
+      naive = layer_ref<float>(layers[0].config(), w, naive, B, L, m, no_rounding{}, hook);
+    }
+  }
+  CHECK(misrounded == 0);
   require_close(got, ref, naive);
 }
 
@@ -368,6 +413,12 @@ TEST_CASE("KV cache: prefill + decode steps equal the full causal forward", "[la
   SECTION("post-norm, MHA") { check_decode_equals_prefill(alibi::norm_position::post, 0); }
   SECTION("pre-norm, GQA 6/2") { check_decode_equals_prefill(alibi::norm_position::pre, 2); }
   SECTION("pre-norm, MQA") { check_decode_equals_prefill(alibi::norm_position::pre, 1); }
+  SECTION("pre-norm, GQA 6/2, fp16 cache") {
+    check_decode_equals_prefill<Eigen::half>(alibi::norm_position::pre, 2);
+  }
+  SECTION("post-norm, MHA, bf16 cache") {
+    check_decode_equals_prefill<Eigen::bfloat16>(alibi::norm_position::post, 0);
+  }
 }
 
 TEST_CASE("KV cache: clear, capacity and misuse", "[layers][decode]") {

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
-// kv_cache<T, Backend>: keys and values of past tokens for incremental decoding.
+// kv_cache<T, Backend, S>: keys and values of past tokens for incremental decoding.
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
+
+#include "alibi/attention.hpp"
 
 #include "alibi/error.hpp"
 #include "alibi/layers/ops.hpp"
@@ -17,9 +20,19 @@ class multi_head_attention;
 /// K and V of shape (batch, capacity, kv_heads, head_dim) in the backend's memory, and the
 /// number of tokens each sequence holds (host). A forward call with a cache appends the new
 /// tokens' keys and values at positions length(b).. and attends over the whole sequence.
-template <class T, class Backend>
+///
+/// S is the storage type, T by default. On the CPU backends a layer of float T may keep its
+/// cache in Eigen::half or Eigen::bfloat16: half the memory, and half the bytes a decode
+/// step reads. The new keys and values are rounded to S (to nearest) as they are appended;
+/// the attention reads them exactly and computes in float. A value beyond S's range becomes
+/// infinite (fp16: |x| > 65504), and then the attention's output for the rows that see it is
+/// NaN or infinite, as with an infinite fp32 key: keep activations in range, or use bf16 (the
+/// range of float, 8 significant bits) or a float cache.
+template <class T, class Backend, class S = T>
 class kv_cache {
   using ops = detail::layer_ops<Backend>;
+  static_assert(std::is_same<S, T>::value || detail::reads_host_memory<Backend>,
+                "alibi::kv_cache: a storage type other than the layer's is for the CPU backends");
 
  public:
   kv_cache(const Backend& backend, index_t batch, index_t capacity, index_t kv_heads,
@@ -40,7 +53,7 @@ class kv_cache {
     index_t n = 0, bytes = 0;
     if (__builtin_mul_overflow(batch, capacity, &n) || __builtin_mul_overflow(n, kv_heads, &n) ||
         __builtin_mul_overflow(n, head_dim, &n) ||
-        __builtin_mul_overflow(n, static_cast<index_t>(sizeof(T)), &bytes))
+        __builtin_mul_overflow(n, static_cast<index_t>(sizeof(S)), &bytes))
       detail::raise(error("alibi::kv_cache: batch * capacity * kv_heads * head_dim (" +
                           detail::str(batch) + " * " + detail::str(capacity) + " * " +
                           detail::str(kv_heads) + " * " + detail::str(head_dim) +
@@ -78,8 +91,8 @@ class kv_cache {
 
   /// (batch, kv_heads, length, head_dim) views of the stored keys and values, `length` =
   /// the longest sequence; positions past length(b) of sequence b are unspecified.
-  tensor_view<const T, 4> keys() const { return view(k_, max_length()); }
-  tensor_view<const T, 4> values() const { return view(v_, max_length()); }
+  tensor_view<const S, 4> keys() const { return view(k_, max_length()); }
+  tensor_view<const S, 4> values() const { return view(v_, max_length()); }
 
  private:
   friend class multi_head_attention<T, Backend>;
@@ -96,15 +109,15 @@ class kv_cache {
     for (index_t n : lengths_) m = std::max(m, n);
     return m;
   }
-  tensor_view<const T, 4> view(const detail::backend_buffer<Backend, T>& b, index_t length) const {
-    return make_strided_view<const T, 4>(
+  tensor_view<const S, 4> view(const detail::backend_buffer<Backend, S>& b, index_t length) const {
+    return make_strided_view<const S, 4>(
         b.data(), {batch_, kv_heads_, length, head_dim_},
         {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
   }
 
   Backend backend_;
   index_t batch_, capacity_, kv_heads_, head_dim_;
-  detail::backend_buffer<Backend, T> k_, v_;  // (batch, capacity, kv_heads, head_dim)
+  detail::backend_buffer<Backend, S> k_, v_;  // (batch, capacity, kv_heads, head_dim)
   std::vector<index_t> lengths_;
 };
 

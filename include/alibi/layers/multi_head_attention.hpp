@@ -111,30 +111,33 @@ class multi_head_attention {
 
   /// Self-attention of x (batch, seq, embed_dim) -> out (batch, seq, embed_dim).
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
-    run(x, x, x, out, opt, nullptr, false);
+    run<T>(x, x, x, out, opt, nullptr, false);
   }
   /// Cross-attention: query (batch, q_len, embed_dim), key (batch, k_len, key_dim), value
   /// (batch, k_len, value_dim) -> out (batch, q_len, embed_dim).
   void forward(tensor_view<const T, 3> query, tensor_view<const T, 3> key,
                tensor_view<const T, 3> value, tensor_view<T, 3> out,
                const forward_options& opt = {}) {
-    run(query, key, value, out, opt, nullptr, false);
+    run<T>(query, key, value, out, opt, nullptr, false);
   }
   /// Incremental self-attention: x holds new tokens (batch, n, embed_dim), of which
   /// opt.q_lengths(b) (default n) are valid for sequence b. Their keys and values are
   /// appended to `cache` at positions cache.length(b).., and each new token attends to the
   /// sequence's cached tokens and to the new ones (set opt.mask.causal for a decoder).
-  /// Prefill is the first such call; prefill + decode steps equal one causal forward.
-  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend>& cache,
+  /// Prefill is the first such call; prefill + decode steps equal one causal forward. The
+  /// cache may store K/V in another type S (kv_cache).
+  template <class S>
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
                const forward_options& opt = {}) {
     run(x, x, x, out, opt, &cache, false);
   }
 
   /// For composite modules: out += attention (accumulate, a residual add folded into the
   /// output projection) or out = attention; padded query rows are then unspecified.
+  template <class S>
   void forward_into(tensor_view<const T, 3> query, tensor_view<const T, 3> key,
                     tensor_view<const T, 3> value, tensor_view<T, 3> out,
-                    const forward_options& opt, kv_cache<T, Backend>* cache, bool accumulate) {
+                    const forward_options& opt, kv_cache<T, Backend, S>* cache, bool accumulate) {
     run(query, key, value, out, opt, cache, accumulate);
   }
 
@@ -235,9 +238,10 @@ class multi_head_attention {
     return c;
   }
 
+  template <class S>
   void run(tensor_view<const T, 3> query, tensor_view<const T, 3> key,
            tensor_view<const T, 3> value, tensor_view<T, 3> out, const forward_options& opt,
-           kv_cache<T, Backend>* cache, bool accumulate, activations* saved = nullptr);
+           kv_cache<T, Backend, S>* cache, bool accumulate, activations* saved = nullptr);
 
   Backend backend_;
   mha_config cfg_;
@@ -255,11 +259,13 @@ class multi_head_attention {
 };
 
 template <class T, class Backend>
+template <class S>
 void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
                                            tensor_view<const T, 3> key,
                                            tensor_view<const T, 3> value, tensor_view<T, 3> out,
-                                           const forward_options& opt, kv_cache<T, Backend>* cache,
-                                           bool accumulate, activations* saved) {
+                                           const forward_options& opt,
+                                           kv_cache<T, Backend, S>* cache, bool accumulate,
+                                           activations* saved) {
   using detail::str;
   const char* fn = "alibi::multi_head_attention::forward";
   const std::string f = fn;
@@ -333,11 +339,12 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
       make_strided_view<const T, 4>(qbuf.data(), {B, cfg_.q_heads, Lq, D}, {Lq * nq, D, nq, 1});
   const auto cv =
       make_strided_view<T, 4>(ctxbuf.data(), {B, cfg_.q_heads, Lq, D}, {Lq * nq, D, nq, 1});
-  tensor_view<const T, 4> kv4, vv4;
+  tensor_view<const T, 4> kv4, vv4;  // keys and values of this call
+  tensor_view<const S, 4> kc4, vc4;  // or those of the cache
   if (cache != nullptr) {
     const index_t longest = k_len.empty() ? 0 : *std::max_element(k_len.begin(), k_len.end());
-    kv4 = cache->view(cache->k_, longest);
-    vv4 = cache->view(cache->v_, longest);
+    kc4 = cache->view(cache->k_, longest);
+    vc4 = cache->view(cache->v_, longest);
   } else {
     kv4 = make_strided_view<const T, 4>(kvbuf.data(), {B, cfg_.kv_heads, Lk, D},
                                         {Lk * 2 * nkv, D, 2 * nkv, 1});
@@ -357,9 +364,11 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
     saved->lse_.assign(static_cast<std::size_t>(B * cfg_.q_heads * Lq), 0.0f);
     p.logsumexp = make_view(saved->lse_.data(), B, cfg_.q_heads, Lq);
   }
-  // Everything the attention would refuse (e.g. a head_dim the CUDA kernel lacks) is refused
-  // here, before the cache changes.
-  can_implement(backend_, qv, kv4, vv4, cv, p).throw_if_failed();
+  // Everything the attention would refuse (e.g. a head_dim the CUDA kernel lacks, a cache type
+  // the backend does not read) is refused here, before the cache changes.
+  (cache != nullptr ? can_implement(backend_, qv, kc4, vc4, cv, p)
+                    : can_implement(backend_, qv, kv4, vv4, cv, p))
+      .throw_if_failed();
 
   detail::timed<ops>(backend_, t_proj, [&] {
     ops::linear(backend_, query.data, ldq, rows_q, E, wq_.data(), cfg_.bias ? bq_.data() : nullptr,
@@ -383,7 +392,12 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
     }
   });
 
-  detail::timed<ops>(backend_, t_attn, [&] { attention(backend_, qv, kv4, vv4, cv, p); });
+  detail::timed<ops>(backend_, t_attn, [&] {
+    if (cache != nullptr)
+      attention(backend_, qv, kc4, vc4, cv, p);
+    else
+      attention(backend_, qv, kv4, vv4, cv, p);
+  });
 
   // Output projection (+ residual when accumulating); padded query rows become zeros.
   detail::timed<ops>(backend_, t_proj, [&] {
@@ -425,7 +439,7 @@ void multi_head_attention<T, Backend>::train(tensor_view<const T, 3> query,
   if (self) {
     detail::zero_padded_rows<ops>(backend_, saved.query_.data(), E, Lq, E, used_rows(saved));
     const auto xv = make_view<const T>(saved.query_.data(), B, Lq, E);
-    run(xv, xv, xv, out, o, nullptr, false, &saved);
+    run<T>(xv, xv, xv, out, o, nullptr, false, &saved);
   } else {
     ops::resize(saved.key_, rows_k * cfg_.key_dim);
     ops::resize(saved.value_, rows_k * cfg_.value_dim);
@@ -441,10 +455,10 @@ void multi_head_attention<T, Backend>::train(tensor_view<const T, 3> query,
           if (saved.key_mask_[static_cast<std::size_t>(r)])
             ops::zero_rows(backend_, m->data() + r * cols, cols, 1, cols);
     }
-    run(make_view<const T>(saved.query_.data(), B, Lq, E),
-        make_view<const T>(saved.key_.data(), B, Lk, cfg_.key_dim),
-        make_view<const T>(saved.value_.data(), B, Lk, cfg_.value_dim), out, o, nullptr, false,
-        &saved);
+    run<T>(make_view<const T>(saved.query_.data(), B, Lq, E),
+           make_view<const T>(saved.key_.data(), B, Lk, cfg_.key_dim),
+           make_view<const T>(saved.value_.data(), B, Lk, cfg_.value_dim), out, o, nullptr, false,
+           &saved);
   }
   saved.owner_ = this;
 }
@@ -459,7 +473,7 @@ void multi_head_attention<T, Backend>::train_into(const T* x, index_t ld, index_
   forward_options o = opt;
   if (saved.key_mask_) o.key_padding_mask = make_view<const bool>(saved.key_mask_.get(), B, L);
   const auto xv = make_strided_view<const T, 3>(x, {B, L, cfg_.embed_dim}, {L * ld, ld, 1});
-  run(xv, xv, xv, out, o, nullptr, accumulate, &saved);
+  run<T>(xv, xv, xv, out, o, nullptr, accumulate, &saved);
   saved.owner_ = this;
 }
 

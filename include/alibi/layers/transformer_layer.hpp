@@ -96,7 +96,7 @@ class transformer_layer {
   /// x (batch, seq, embed_dim) -> out (same shape; out may be x). opt.mask.causal for a
   /// decoder; padded rows (opt.q_lengths) of out are zeros.
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
-    run(x, out, opt, nullptr);
+    run<T>(x, out, opt, nullptr);
   }
   /// Training forward: forward(x, out, opt) (out may be x), and `saved` keeps what backward()
   /// needs. There is no KV cache in training. CPU backends only.
@@ -116,8 +116,10 @@ class transformer_layer {
     if constexpr (detail::has_layer_backward<Backend>::value) backward_impl(dy, saved, dx, grads);
   }
 
-  /// Incremental decoding with this layer's cache (see multi_head_attention).
-  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend>& cache,
+  /// Incremental decoding with this layer's cache (see multi_head_attention; the cache may
+  /// store K/V in another type S, see kv_cache).
+  template <class S>
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
                const forward_options& opt = {}) {
     run(x, out, opt, &cache);
   }
@@ -130,8 +132,9 @@ class transformer_layer {
   void backward_impl(tensor_view<const T, 3> dy, const activations& saved, tensor_view<T, 3> dx,
                      parameter_gradients<T>& grads);
 
+  template <class S>
   void run(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt,
-           kv_cache<T, Backend>* cache) {
+           kv_cache<T, Backend, S>* cache) {
     const char* fn = "alibi::transformer_layer::forward";
     const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
     const index_t B = x.extents[0], L = x.extents[1], rows = B * L;

@@ -322,6 +322,14 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
     });
   }
 
+  /// Rows converted to another element type (appending to a half-precision KV cache):
+  /// rounded to nearest.
+  template <class T, class S, class = std::enable_if_t<!std::is_same<T, S>::value>>
+  static void copy_rows(const Backend&, const T* src, index_t lds, S* dst, index_t ldd,
+                        index_t rows, index_t cols) {
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) dst[r * ldd + c] = static_cast<S>(src[r * lds + c]);
+  }
   template <class T>
   static void copy_rows(const Backend&, const T* src, index_t lds, T* dst, index_t ldd,
                         index_t rows, index_t cols) {

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: MIT
+// Decoding at memory speed: K/V in fp32, fp16 and bf16, GQA and MHA, against a read-bandwidth
+// ceiling measured in the same process; and prefill throughput with half-precision K/V
+// against fp32 K/V.
+//
+// BM_read_ceiling: a vectorized sum over a 1 GiB buffer (far beyond the last-level cache),
+// split over `threads` of alibi's pool: the bytes per second a streaming kernel can read.
+// BM_decode_kv: one query token (32 query heads, D 128) against k_len cached keys; counters
+// KV_GB/s (the K/V bytes of the call over its time) and of_ceiling (that over the ceiling
+// with the same thread count, medians of 5 sums measured in this process).
+// BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "common.hpp"
+
+namespace {
+
+using alibi_bench::index_t;
+
+/// A buffer of floats with a cheap deterministic fill (an LCG: gigabytes of normal samples
+/// would take longer than the benchmarks), values in [-1, 1).
+std::vector<float> filled(std::size_t n, std::uint64_t seed) {
+  std::vector<float> x(n);
+  std::uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (float& e : x) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    e = static_cast<float>(static_cast<std::int64_t>(s >> 40) - (1 << 23)) / (1 << 23);
+  }
+  return x;
+}
+
+/// Sum of n floats with Eigen's packets (several independent accumulators).
+float stream_sum(const float* p, index_t n) { return Eigen::Map<const Eigen::ArrayXf>(p, n).sum(); }
+
+/// Bytes per second of stream_sum over 1 GiB with `threads` threads: median of 5.
+double read_ceiling(int threads) {
+  static std::map<int, double> cache;
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  const index_t n = index_t(1) << 28;  // 1 GiB of floats
+  static const std::vector<float> buf = filled(static_cast<std::size_t>(n), 7);
+  std::vector<double> rates;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<float> partial(static_cast<std::size_t>(threads));
+    const auto t0 = std::chrono::steady_clock::now();
+    alibi::detail::parallel_for(threads, threads, [&](index_t t) {
+      const index_t chunk = n / threads;
+      partial[static_cast<std::size_t>(t)] = stream_sum(buf.data() + t * chunk, chunk);
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(partial.data());
+    rates.push_back(static_cast<double>(n) * 4 / s);
+  }
+  std::sort(rates.begin(), rates.end());
+  return cache[threads] = rates[2];
+}
+
+void BM_read_ceiling(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  double rate = 0;
+  for (auto _ : state) rate = read_ceiling(threads);
+  state.counters["GB/s"] = rate / 1e9;
+}
+
+/// K and V of shape (1, Hkv, Lk, 128) in storage type T, shared across benchmarks.
+template <class T>
+struct kv_store {
+  std::vector<T> k, v;
+  static const kv_store& get(index_t hkv, index_t lk) {
+    static std::map<std::pair<index_t, index_t>, std::unique_ptr<kv_store>> stores;
+    auto& s = stores[{hkv, lk}];
+    if (!s) {
+      s = std::make_unique<kv_store>();
+      const auto n = static_cast<std::size_t>(hkv * lk * 128);
+      const std::vector<float> k32 = filled(n, 1), v32 = filled(n, 2);
+      s->k = std::vector<T>(k32.begin(), k32.end());
+      s->v = std::vector<T>(v32.begin(), v32.end());
+    }
+    return *s;
+  }
+};
+
+template <class T>
+void decode(benchmark::State& state, index_t lk, index_t hkv, bool skip, int threads) {
+  const index_t hq = 32, d = 128;
+  const kv_store<T>& kv = kv_store<T>::get(hkv, lk);
+  const std::vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
+  std::vector<float> out(q.size());
+  alibi::attention_params p;
+  p.mask.causal = true;
+  p.skip_far_tiles = skip;
+  const alibi::backend::eigen be{threads};
+  const auto kview = alibi::make_view<const T>(kv.k.data(), 1, hkv, lk, d);
+  const auto vview = alibi::make_view<const T>(kv.v.data(), 1, hkv, lk, d);
+  for (auto _ : state) {
+    alibi::attention(be, alibi::make_view<const float>(q.data(), 1, hq, 1, d), kview, vview,
+                     alibi::make_view(out.data(), 1, hq, 1, d), p);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
+  state.counters["KV_GB/s"] =
+      benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["of_ceiling"] = benchmark::Counter(bytes / read_ceiling(threads),
+                                                    benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: k_len, kv heads, K/V type (0 fp32, 1 fp16, 2 bf16), skip, threads.
+void BM_decode_kv(benchmark::State& state) {
+  const index_t lk = state.range(0), hkv = state.range(1);
+  const bool skip = state.range(3) != 0;
+  const int threads = static_cast<int>(state.range(4));
+  switch (state.range(2)) {
+    case 0:
+      decode<float>(state, lk, hkv, skip, threads);
+      break;
+    case 1:
+      decode<Eigen::half>(state, lk, hkv, skip, threads);
+      break;
+    default:
+      decode<Eigen::bfloat16>(state, lk, hkv, skip, threads);
+      break;
+  }
+}
+
+template <class T>
+void prefill(benchmark::State& state, index_t len, index_t d, int threads) {
+  const index_t h = 16;
+  const auto n = static_cast<std::size_t>(h * len * d);
+  const std::vector<float> q = filled(n, 4), k32 = filled(n, 5), v32 = filled(n, 6);
+  const std::vector<T> k(k32.begin(), k32.end()), v(v32.begin(), v32.end());
+  std::vector<float> out(n);
+  alibi::attention_params p;
+  p.mask.causal = true;
+  p.skip_far_tiles = false;  // the dense kernel
+  const alibi::backend::eigen be{threads};
+  for (auto _ : state) {
+    alibi::attention(be, alibi::make_view<const float>(q.data(), 1, h, len, d),
+                     alibi::make_view<const T>(k.data(), 1, h, len, d),
+                     alibi::make_view<const T>(v.data(), 1, h, len, d),
+                     alibi::make_view(out.data(), 1, h, len, d), p);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(alibi_bench::attention_flops(h, len, len, d, true) / 1e9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: length, head_dim, K/V type (0 fp32, 1 fp16, 2 bf16), threads.
+void BM_prefill_kv(benchmark::State& state) {
+  const index_t len = state.range(0), d = state.range(1);
+  const int threads = static_cast<int>(state.range(3));
+  switch (state.range(2)) {
+    case 0:
+      prefill<float>(state, len, d, threads);
+      break;
+    case 1:
+      prefill<Eigen::half>(state, len, d, threads);
+      break;
+    default:
+      prefill<Eigen::bfloat16>(state, len, d, threads);
+      break;
+  }
+}
+
+BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
+BENCHMARK(BM_decode_kv)
+    ->ArgsProduct({{4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1}, {1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_prefill_kv)
+    ->ArgsProduct({{2048, 8192}, {64, 128}, {0, 1, 2}, {2}})
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
