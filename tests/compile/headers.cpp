@@ -2,8 +2,9 @@
 // Compiled (not run) by the "headers:" ctest tests with every compiler and standard CI
 // covers (g++ and clang++, C++17 and C++20) at -Wall -Wextra -Wpedantic -Werror, with Eigen
 // as a system include: <alibi/alibi.hpp> and the templates a CPU user instantiates first
-// (attention on both host backends, the Eigen adapters, safetensors, a Transformer layer with
-// a KV cache) must compile warning-free everywhere.
+// (attention on both host backends with fp32 and half-precision K/V, the Eigen adapters,
+// safetensors, a Transformer layer with fp32 and fp16 KV caches) must compile warning-free
+// everywhere. Also compiled with -fno-exceptions and ALIBI_THROW defined.
 #include <vector>
 
 #include <alibi/alibi.hpp>
@@ -18,6 +19,16 @@ void attention_calls(const std::vector<float>& q, std::vector<float>& out,
   alibi::attention(alibi::backend::eigen{2}, qv, qv, qv, alibi::view_bshd(out.data(), 1, 4, 2, 8),
                    params);
   alibi::attention(alibi::backend::reference{}, qv, qv, qv,
+                   alibi::view_bshd(ref.data(), 1, 4, 2, 8), params);
+  const std::vector<Eigen::half> kv16(q.begin(), q.end());
+  const std::vector<Eigen::bfloat16> kvb16(q.begin(), q.end());
+  const auto k16 = alibi::view_bshd(kv16.data(), 1, 4, 2, 8);
+  const auto kb16 = alibi::view_bshd(kvb16.data(), 1, 4, 2, 8);
+  alibi::attention(alibi::backend::eigen{2}, qv, k16, k16, alibi::view_bshd(out.data(), 1, 4, 2, 8),
+                   params);
+  alibi::attention(alibi::backend::eigen{2}, qv, kb16, kb16,
+                   alibi::view_bshd(out.data(), 1, 4, 2, 8), params);
+  alibi::attention(alibi::backend::reference{}, qv, k16, k16,
                    alibi::view_bshd(ref.data(), 1, 4, 2, 8), params);
 }
 
@@ -43,4 +54,7 @@ void layer_and_checkpoint(const std::vector<unsigned char>& bytes, std::vector<f
   auto cache = alibi::kv_cache<float, alibi::backend::eigen>::for_module(layer, 1, 8);
   const auto xv = alibi::make_view(x.data(), index_t{1}, index_t{4}, index_t{16});
   layer.forward(xv, xv, cache, alibi::forward_options{});
+  auto cache16 =
+      alibi::kv_cache<float, alibi::backend::eigen, Eigen::half>::for_module(layer, 1, 8);
+  layer.forward(xv, xv, cache16, alibi::forward_options{});
 }

@@ -105,7 +105,8 @@ class single_threaded_products {
 /// `threads - 1` of them are given work).
 ///
 /// Exceptions: the first exception f throws (on any thread) stops handing out further items;
-/// the call waits for every helper to finish, then rethrows it on the calling thread.
+/// the call waits for every helper to finish, then rethrows it on the calling thread. (Built
+/// without exceptions, with ALIBI_THROW defined, there is nothing to catch.)
 template <class F>
 void parallel_for(int threads, index_t count, F&& f) {
   const index_t helpers = std::min<index_t>(threads, count) - 1;
@@ -122,6 +123,7 @@ void parallel_for(int threads, index_t count, F&& f) {
     std::exception_ptr error;
     void drain() noexcept {
       const single_threaded_products serial;  // on the pool threads and the caller
+#if defined(__cpp_exceptions)
       try {
         for (index_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) (*f)(i);
       } catch (...) {
@@ -130,6 +132,9 @@ void parallel_for(int threads, index_t count, F&& f) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!error) error = std::current_exception();
       }
+#else
+      for (index_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) (*f)(i);
+#endif
     }
   } ctx;
   ctx.count = count;
@@ -146,6 +151,7 @@ void parallel_for(int threads, index_t count, F&& f) {
   // Held until every helper is done, even if the registry moves on to a bigger pool.
   const std::shared_ptr<Eigen::ThreadPool> pool = shared_pool(threads - 1);
   for (index_t w = 0; w < helpers; ++w) {
+#if defined(__cpp_exceptions)
     try {
       pool->Schedule(task{&ctx, &done});
     } catch (...) {
@@ -156,6 +162,9 @@ void parallel_for(int threads, index_t count, F&& f) {
       done.Wait();
       throw;
     }
+#else
+    pool->Schedule(task{&ctx, &done});
+#endif
   }
   ctx.drain();
   done.Wait();
