@@ -1,779 +1,41 @@
 // SPDX-License-Identifier: MIT
-// alibi::backend::eigen: the fused CPU attention. Flash-attention style: per (batch, head,
-// query tile) it streams key tiles, S = Q K^T through Eigen's GEMM, adds the ALiBi bias and
-// the masks in one pass, keeps an online softmax (running max and sum) and accumulates
-// O += P V through Eigen's GEMM. The L x L score or bias matrix never exists.
+// alibi::backend::eigen: the fused CPU attention (attention_impl<backend::eigen>). The kernel
+// lives in attention_kernel.hpp. Header-only by default: this header includes it, and every
+// translation unit compiles it. A target linked with alibi::kernels (ALIBI_PRECOMPILED_KERNELS
+// defined) calls the copy compiled once in that library instead, for every element type the
+// backend takes, and includes neither the kernel nor Eigen (precompiled.hpp).
 #pragma once
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
-#include <mutex>
 #include <type_traits>
-#include <vector>
-
-#include <Eigen/Core>
 
 #include "alibi/attention.hpp"
-#include "alibi/backend/eigen/kv_tiles.hpp"
-#include "alibi/backend/eigen/parallel.hpp"
-#include "alibi/backend/eigen/simd.hpp"
-#include "alibi/backend/eigen/small_rows.hpp"
-#include "alibi/backend/eigen/workspace.hpp"
-#include "alibi/detail/far_tiles.hpp"
-#include "alibi/detail/online_softmax.hpp"
+#include "alibi/detail/eigen_fwd.hpp"
 #include "alibi/merge.hpp"
 
 namespace alibi {
 namespace detail {
 namespace cpu {
 
-inline workspace& thread_workspace() {
-  thread_local workspace w;
-  return w;
-}
-
-/// Adds one work item's counts to the caller's counters.
-inline void add_stats(attention_stats* stats, index_t computed, index_t skipped) {
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  stats->tiles_computed += computed;
-  stats->tiles_skipped += skipped;
-}
+/// The K/V element types the eigen backend reads (q and out are float).
+template <class T>
+inline constexpr bool is_cpu_kv_type =
+    std::is_same<T, float>::value || std::is_same<T, Eigen::half>::value ||
+    std::is_same<T, Eigen::bfloat16>::value;
 
 inline namespace ALIBI_CPU_ISA {
 
-using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using col_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
-using const_rows_map = Eigen::Map<const row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
-using rows_map = Eigen::Map<row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
-using cols_map = Eigen::Map<col_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+/// The fused forward of one checked call (attention_kernel.hpp; compiled in alibi::kernels
+/// for TKV = float, Eigen::half and Eigen::bfloat16).
+template <class TKV>
+void attention_kernel(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,
+                      const tensor_view<const TKV, 4>& k, const tensor_view<const TKV, 4>& v,
+                      const tensor_view<float, 4>& out);
 
-/// Whether every element of a (rows, cols) block with row stride ld is finite. x * 0 is 0
-/// for finite x and NaN for Inf/NaN; 16 independent lanes let the compiler vectorize it.
-inline bool all_finite(const float* data, index_t ld, index_t rows, index_t cols) {
-  float acc[16] = {};
-  for (index_t r = 0; r < rows; ++r) {
-    const float* row = data + r * ld;
-    index_t c = 0;
-    for (; c + 16 <= cols; c += 16)
-      for (int t = 0; t < 16; ++t) acc[t] += row[c + t] * 0.0f;
-    for (; c < cols; ++c) acc[0] += row[c] * 0.0f;
-  }
-  float total = 0.0f;
-  for (float a : acc) total += a;
-  return total == 0.0f;
-}
-
-/// Upper bounds on key norms for the far-tile bound: for one (batch, kv head), over the key
-/// grid tiles [t * block_k, (t + 1) * block_k), prefix[t] = max |k_j| for j < (t + 1) *
-/// block_k and suffix[t] = max |k_j| for j >= t * block_k. Null when skipping is off.
-struct key_norms {
-  const float* prefix = nullptr;
-  const float* suffix = nullptr;
-};
-
-/// One work item: query rows [i0, i0 + n) of head h of batch entry b (all within the
-/// entry's query length) against the keys [kb, ke), with the per-row state in the thread's
-/// workspace.
-struct item_rows {
-  const attention_problem* p = nullptr;
-  index_t b = 0, h = 0, hk = 0, i0 = 0, n = 0;
-  index_t qo = 0, ko = 0;  // positions of query row 0 and of key 0
-  index_t ub = 0, ue = 0;  // union of the rows' key ranges within [kb, ke)
-  float slope = 0.0f;
-  float scale2 = 0.0f, slope2 = 0.0f, neg_slope2 = 0.0f;  // scale, slope, -slope in base 2
-};
-
-/// Resolves each row's allowed keys within [kb, ke), its distance shift, and resets its
-/// softmax state.
-inline item_rows prepare_rows(const attention_problem& p, index_t b, index_t h, index_t i0,
-                              index_t n, index_t kb, index_t ke, workspace& ws) {
-  item_rows it;
-  it.p = &p;
-  it.b = b;
-  it.h = h;
-  it.hk = p.kv_head(h);
-  it.i0 = i0;
-  it.n = n;
-  it.qo = p.q_offset(b);
-  it.ko = p.k_offset(b);
-  it.slope = p.slope(b, h);
-  it.scale2 = p.scale * log2e_f;
-  it.slope2 = it.slope * log2e_f;
-  it.neg_slope2 = -it.slope2;
-  it.ub = ke;
-  it.ue = kb;
-  for (index_t r = 0; r < n; ++r) {
-    const index_range kr = p.key_range(b, i0 + r);
-    // Positional key ranges are monotone in the row (both ends non-decreasing), which makes
-    // the valid rows of every key column contiguous.
-    ws.begin[r] = std::clamp(kr.begin, kb, ke);
-    ws.end[r] = std::clamp(kr.end, ws.begin[r], ke);
-    ws.shift[r] = p.distance_shift(b, i0 + r);
-    ws.shift_f[r] = static_cast<float>(ws.shift[r]);
-    ws.state[r] = softmax_state{};
-    if (ws.begin[r] < ws.end[r]) {
-      it.ub = std::min(it.ub, ws.begin[r]);
-      it.ue = std::max(it.ue, ws.end[r]);
-    }
-  }
-  return it;
-}
-
-/// Where a tile's scores are: local rows [ra, ra + m) of the item against keys
-/// [j0, j0 + bk), in ws.s with leading dimension lds; row-major when the tile has fewer
-/// rows than a packet (decoding: vectorized across keys), else column-major (vectorized
-/// across rows).
-struct score_tile_view {
-  index_t j0 = 0, bk = 0, ra = 0, m = 0, lds = 0;
-  bool by_rows = false;
-  bool any_excluded = false;  // the key mask excludes some key of the tile
-};
-
-/// The first step of a score tile: which rows of the item meet the tile (tile.ra, tile.m),
-/// the valid local rows [c0, c1) of each key column, and in ws.bad the keys whose V rows must
-/// stay out of a P V product (excluded keys; with `careful`, non-finite V rows too). The
-/// scores are row-major (by_rows) when the tile has fewer rows than a packet (decoding:
-/// vectorized across keys) or when `force_rows`, else column-major (vectorized across rows).
-/// Returns false when no row of the item meets the tile.
-inline bool begin_score_tile(const item_rows& it, const kv_tile& kv, index_t j0, bool careful,
-                             bool force_rows, workspace& ws, score_tile_view& tile) {
-  using cfg = kernel_config;
-  const attention_problem& p = *it.p;
-  const index_t bk = std::min(cfg::block_k, it.ue - j0);
-  // Only the rows whose key range meets this tile take part (causal and windowed tiles on
-  // the diagonal band need a fraction of the rows).
-  index_t ra = it.n, rb = 0;
-  for (index_t r = 0; r < it.n; ++r)
-    if (ws.begin[r] < j0 + bk && ws.end[r] > j0 && ws.begin[r] < ws.end[r]) {
-      ra = std::min(ra, r);
-      rb = r + 1;
-    }
-  if (ra >= rb) return false;
-  const index_t m = rb - ra, dv = p.v_head_dim;
-  tile = score_tile_view{j0, bk, ra, m, 0, force_rows || m < lanes, false};
-  tile.lds = tile.by_rows ? padded_stride(cfg::block_k) : ws.ld();
-
-  // Valid local rows of each key column; keys the key mask excludes get none.
-  const bool* key_mask_row = p.key_mask.data ? p.key_mask.ptr(it.b) : nullptr;
-  ws.bad_count = 0;
-  for (index_t j = 0, lo = 0, hi = 0; j < bk; ++j) {
-    const index_t key = j0 + j;
-    while (lo < m && ws.end[ra + lo] <= key) ++lo;
-    while (hi < m && ws.begin[ra + hi] <= key) ++hi;
-    const bool excluded = key_mask_row && p.key_excluded(it.b, key);
-    tile.any_excluded |= excluded;
-    ws.c0[j] = lo;
-    ws.c1[j] = excluded ? lo : std::max(lo, hi);
-    // Excluded keys are unused memory (they may hold NaN): their V rows stay out of P V.
-    if (excluded || (careful && !all_finite(kv.v.data() + j * kv.v.outerStride(), 0, 1, dv)))
-      ws.bad[ws.bad_count++] = j;
-  }
-  return true;
-}
-
-/// The last step of a score tile: ws.s holds the dot products q.k of the tile's rows and
-/// keys (in the tile's layout); turns them into the base-2 scores scale * q.k + bias, -inf
-/// where a mask excludes the key, and each row's maximum into ws.mx[ra..].
-inline void finish_score_tile(const item_rows& it, const score_tile_view& tile, workspace& ws) {
-  const index_t ra = tile.ra, m = tile.m, mp = packet_rows(m), bk = tile.bk, j0 = tile.j0;
-  for (index_t t = 0; t < mp; ++t)
-    ws.base[ra + t] = t < m ? static_cast<float>(it.qo + it.i0 + ra + t - (it.ko + j0)) : 0.0f;
-  tile_geometry g;
-  g.rows = m;
-  g.cols = bk;
-  g.base = ws.base.data() + ra;
-  g.shift = ws.shift_f.data() + ra;
-  g.c0 = ws.c0.data();
-  g.c1 = ws.c1.data();
-  // Exact float distances need every |q_pos - k_pos| - shift of the tile below 2^24.
-  const index_t q0 = it.qo + it.i0;
-  const index_t dmax =
-      std::max(std::abs(q0 + ra - (it.ko + j0 + bk - 1)), std::abs(q0 + ra + m - 1 - (it.ko + j0)));
-  float* mx = ws.mx.data() + ra;
-  float* s = ws.s.data();
-  if (dmax >= (index_t(1) << 24)) {
-    score_tile_far(s, tile.by_rows ? tile.lds : 1, tile.by_rows ? 1 : tile.lds, g, it.scale2,
-                   it.slope2, q0 + ra, it.ko + j0, ws.shift.data() + ra, mx);
-  } else if (!tile.by_rows) {
-    score_tile(s, tile.lds, g, it.scale2, it.neg_slope2, mx);
-  } else {
-    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
-    for (index_t t = 0; t < m; ++t) {
-      float* x = s + t * tile.lds;
-      const index_t r = ra + t;
-      mx[t] = score_row(x, bk, std::clamp<index_t>(ws.begin[r] - j0, 0, bk),
-                        std::clamp<index_t>(ws.end[r] - j0, 0, bk), it.scale2, it.neg_slope2,
-                        ws.base[r], ws.shift_f[r]);
-      if (tile.any_excluded) {
-        mx[t] = neg_inf;
-        for (index_t j = 0; j < bk; ++j) {
-          if (ws.c0[j] == ws.c1[j]) x[j] = neg_inf;
-          mx[t] = max_keep_nan(mx[t], x[j]);
-        }
-      }
-    }
-  }
-}
-
-/// The score-tile building block, for the forward kernel and a backward one: the base-2
-/// scores scale * q.k + bias of the tile's rows and keys, -inf where a mask excludes the
-/// key, into ws.s, and each row's maximum into ws.mx[ra..] (begin_score_tile, the Q K^T
-/// product by Eigen's GEMM, finish_score_tile). kv holds the tile's keys [j0, j0 + bk) in
-/// fp32. Returns false when no row of the item meets the tile.
-inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm, const kv_tile& kv,
-                               index_t j0, bool careful, workspace& ws, score_tile_view& tile) {
-  if (!begin_score_tile(it, kv, j0, careful, false, ws, tile)) return false;
-  const auto km = kv.k.topRows(tile.bk);  // (bk, D)
-  float* s = ws.s.data();
-  if (tile.by_rows)
-    rows_map(s, tile.m, tile.bk, Eigen::OuterStride<>(tile.lds)).noalias() =
-        qm.middleRows(tile.ra, tile.m) * km.transpose();
-  else
-    cols_map(s, tile.m, tile.bk, Eigen::OuterStride<>(tile.lds)).noalias() =
-        qm.middleRows(tile.ra, tile.m) * km.transpose();
-  finish_score_tile(it, tile, ws);
-  return true;
-}
-
-/// The online-softmax step of a scored tile: moves each row's state to its new maximum (the
-/// factor for its accumulated output in ws.alpha) and turns the scores into probabilities in
-/// place. Returns whether some row's accumulated output must be rescaled.
-inline bool softmax_tile(const score_tile_view& tile, workspace& ws) {
-  const index_t ra = tile.ra, m = tile.m, mp = packet_rows(m), bk = tile.bk;
-  bool rescale = false;
-  for (index_t t = 0; t < mp; ++t) {
-    if (t >= m) {
-      ws.m_use[ra + t] = 0.0f;  // padding rows: 2^(-inf - 0) = 0
-      continue;
-    }
-    const softmax_step st = ws.state[ra + t].rescale(ws.mx[ra + t]);
-    ws.m_use[ra + t] = st.ref;
-    ws.alpha[ra + t] = st.factor;
-    rescale |= st.factor != 1.0f;
-  }
-  float* s = ws.s.data();
-  if (tile.by_rows)
-    for (index_t t = 0; t < m; ++t)
-      ws.lsum[ra + t] = exp_row(s + t * tile.lds, bk, ws.m_use[ra + t]);
-  else
-    exp_tile(s, tile.lds, m, bk, ws.m_use.data() + ra, ws.lsum.data() + ra);
-  for (index_t r = ra; r < ra + m; ++r)
-    ws.state[r].add(softmax_step{ws.m_use[r], ws.alpha[r]}, ws.lsum[r]);
-  return rescale;
-}
-
-/// Adds the contribution of the tile's keys whose V rows stayed out of the P V product
-/// (ws.bad): a non-finite V row still reaches exactly the rows that attend to it, even where
-/// its weight rounded to 0 (0 * NaN = NaN, as the mathematics has it); an excluded key has
-/// no such row. p(t, j): probability of local row t for key j; o_row(t): its output row.
-template <class P, class ORow>
-void add_bad_keys(const workspace& ws, const kv_tile& kv, const P& p, ORow&& o_row) {
-  for (index_t u = 0; u < ws.bad_count; ++u) {
-    const index_t j = ws.bad[u];
-    for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) o_row(t) += p(t, j) * kv.v.row(j);
-  }
-}
-
-/// The online-softmax step of a scored tile (softmax_tile), then the rows' accumulated
-/// output o (n, Dv) rescaled and P V added by Eigen's GEMM.
-inline void accumulate_tile(const item_rows& it, const score_tile_view& tile, const kv_tile& kv,
-                            workspace& ws, cols_map& o) {
-  const index_t ra = tile.ra, m = tile.m, bk = tile.bk;
-  const index_t dv = it.p->v_head_dim;
-  const bool rescale = softmax_tile(tile, ws);
-  float* s = ws.s.data();
-  auto o_act = o.middleRows(ra, m);  // (m, Dv)
-  if (rescale) o_act.array().colwise() *= Eigen::Map<const Eigen::ArrayXf>(ws.alpha.data() + ra, m);
-  const auto vm = kv.v.topRows(bk);     // (bk, Dv)
-  auto multiply = [&](const auto& p) {  // p: (m, bk) probabilities, in the tile's layout
-    if (ws.bad_count == 0) {
-      o_act.noalias() += p * vm;
-      return;
-    }
-    rows_map vc(ws.tile_v(dv), bk, dv, Eigen::OuterStride<>(padded_stride(dv)));
-    vc = vm;
-    for (index_t u = 0; u < ws.bad_count; ++u) vc.row(ws.bad[u]).setZero();
-    o_act.noalias() += p * vc;
-    add_bad_keys(ws, kv, p, [&](index_t t) { return o_act.row(t); });
-  };
-  if (tile.by_rows)
-    multiply(rows_map(s, m, bk, Eigen::OuterStride<>(tile.lds)));
-  else
-    multiply(cols_map(s, m, bk, Eigen::OuterStride<>(tile.lds)));
-}
-
-/// Far-tile skipping for one item (ALiBi-specific; the bound is detail::far_tile_bound):
-/// whether the keys left on one side are negligible for every row.
-class far_tile_skipper {
- public:
-  far_tile_skipper(const item_rows& it, const const_rows_map& qm, key_norms norms, workspace& ws)
-      : it_(it), norms_(norms), ws_(&ws) {
-    enabled_ = norms.prefix != nullptr && it.slope > 0.0f && std::isfinite(it.slope);
-    if (!enabled_) return;
-    bound_ = far_tile_bound::make(it.p->scale, it.slope);
-    for (index_t r = 0; r < it.n; ++r)
-      ws.qnorm[r] = static_cast<float>(qm.row(r).cast<double>().norm() * (1 + 1e-6));
-  }
-  bool enabled() const { return enabled_; }
-
-  /// Keys [ub, x) remain on the left.
-  bool left(index_t x) const {
-    const float kmax = norms_.prefix[(x - 1) / kernel_config::block_k];
-    for (index_t r = 0; r < it_.n; ++r) {
-      const index_t last = std::min(x, ws_->end[r]) - 1;
-      if (last < ws_->begin[r]) continue;  // the row has no key there
-      if (!row_negligible(r, it_.qo + it_.i0 + r - (it_.ko + last), kmax)) return false;
-    }
-    return true;
-  }
-  /// Keys [x, ue) remain on the right.
-  bool right(index_t x) const {
-    const float kmax = norms_.suffix[x / kernel_config::block_k];
-    for (index_t r = 0; r < it_.n; ++r) {
-      const index_t first = std::max(x, ws_->begin[r]);
-      if (first >= ws_->end[r]) continue;
-      if (!row_negligible(r, it_.ko + first - (it_.qo + it_.i0 + r), kmax)) return false;
-    }
-    return true;
-  }
-
- private:
-  bool row_negligible(index_t r, index_t dn, float kmax) const {
-    return dn >= 0 && bound_.negligible(ws_->state[r], ws_->qnorm[r], kmax, dn, ws_->shift[r]);
-  }
-  item_rows it_;
-  key_norms norms_;
-  workspace* ws_;
-  far_tile_bound bound_{};
-  bool enabled_ = false;
-};
-
-/// Where an item's result goes: the output rows and logsumexp (final), or the unnormalized
-/// partial output rows (dense (n, Dv)) and their softmax states, for merge_splits.
-struct item_sink {
-  tensor_view<float, 4> out;
-  float* partial_o = nullptr;
-  softmax_state* partial_state = nullptr;
-  bool final_pass() const { return partial_o == nullptr; }
-};
-
-/// Writes the finished rows of an item; o: its (n, Dv) unnormalized output.
-template <class O>
-void finish_rows(const item_rows& it, const workspace& ws, const O& o, const item_sink& sink) {
-  const attention_problem& p = *it.p;
-  const index_t dv = p.v_head_dim;
-  if (!sink.final_pass()) {
-    rows_map(sink.partial_o, it.n, dv, Eigen::OuterStride<>(dv)) = o;
-    for (index_t r = 0; r < it.n; ++r) sink.partial_state[r] = ws.state[r];
-    return;
-  }
-  for (index_t r = 0; r < it.n; ++r) {
-    const softmax_state& st = ws.state[r];
-    Eigen::Map<Eigen::RowVectorXf> orow(sink.out.ptr(it.b, it.h, it.i0 + r), dv);
-    // A row with no allowed key (l = 0) gives 0, never 0/0; a NaN sum reaches the row.
-    if (st.l > 0.0f || st.l != st.l)
-      orow = o.row(r) / st.l;
-    else
-      orow.setZero();
-    if (p.lse.data)
-      p.lse(it.b, it.h, it.i0 + r) = st.lse(-it.slope * static_cast<float>(ws.shift[r]));
-  }
-}
-
-/// Padded query rows [max(i0, len_q), i1) of head h: zeros and logsumexp -inf.
-inline void write_padded_rows(const attention_problem& p, const tensor_view<float, 4>& out,
-                              index_t b, index_t h, index_t i0, index_t i1) {
-  for (index_t i = std::max(i0, p.len_q(b)); i < i1; ++i) {
-    std::fill(out.ptr(b, h, i), out.ptr(b, h, i) + p.v_head_dim, 0.0f);
-    if (p.lse.data) p.lse(b, h, i) = -std::numeric_limits<float>::infinity();
-  }
-}
-
-/// One query head of attend_heads: its rows, its skipping bound, how far it has got.
-struct head_pass {
-  item_rows it;
-  far_tile_skipper skip;
-  workspace* ws;
-  bool left_done = false, right_done = false;
-  index_t tiles_done = 0, tiles_skipped = 0;
-  score_tile_view tile{};  // the tile in hand (small calls)
-  bool meets = false;      // whether the tile in hand has rows of this head
-};
-
-/// The per-thread workspaces of the small calls' query heads (decoding): one per head of a
-/// GQA group, each with room for kernel_config::small_rows rows.
-inline workspace* small_workspaces(index_t heads) {
-  thread_local std::vector<workspace> w;
-  while (static_cast<index_t>(w.size()) < heads)
-    w.emplace_back(kernel_config::small_rows + 16);  // room for packet padding
-  return w.data();
-}
-
-/// One key tile for the heads of a small call, whose rows all go through one pass of the
-/// small-row products (small_rows.hpp): each K and V row of the tile is read once for all
-/// the heads' rows. Each head's scores are row-major in its workspace (ws.s), its output
-/// row-major in ws.o (leading dimension ldo); `prefetch(j)` requests rows of the next tile.
-template <class Prefetch>
-void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
-                const tensor_view<const float, 4>& q, const kv_tile& kv, index_t j0, bool careful,
-                index_t ldo, Prefetch&& prefetch) {
-  const attention_problem& p = *heads.front().it.p;
-  const index_t d = p.head_dim, dv = p.v_head_dim;
-  thread_local std::vector<const float*> in_rows;
-  thread_local std::vector<float*> out_rows;
-  in_rows.clear();
-  out_rows.clear();
-  const head_pass* first = nullptr;  // the keys left out of P V are the same for every head
-  for (head_pass& hp : heads) {
-    hp.meets = !(hp.*done) && begin_score_tile(hp.it, kv, j0, careful, true, *hp.ws, hp.tile);
-    if (!hp.meets) continue;
-    if (!first) first = &hp;
-    for (index_t t = 0; t < hp.tile.m; ++t) {
-      in_rows.push_back(q.ptr(hp.it.b, hp.it.h, hp.it.i0 + hp.tile.ra + t));
-      out_rows.push_back(hp.ws->s.data() + t * hp.tile.lds);
-    }
-  }
-  if (!first) return;
-  const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
-  small_scores(in_rows.data(), rows, kv.k.data(), kv.k.outerStride(), bk, d, out_rows.data(),
-               prefetch);
-
-  in_rows.clear();
-  out_rows.clear();
-  for (head_pass& hp : heads) {
-    if (!hp.meets) continue;
-    ++hp.tiles_done;
-    workspace& ws = *hp.ws;
-    finish_score_tile(hp.it, hp.tile, ws);
-    const bool rescale = softmax_tile(hp.tile, ws);
-    for (index_t t = 0; t < hp.tile.m; ++t) {
-      float* o = ws.o.data() + (hp.tile.ra + t) * ldo;
-      if (rescale) Eigen::Map<Eigen::RowVectorXf>(o, dv) *= ws.alpha[hp.tile.ra + t];
-      in_rows.push_back(ws.s.data() + t * hp.tile.lds);
-      out_rows.push_back(o);
-    }
-  }
-  small_pv(in_rows.data(), rows, kv.v.data(), kv.v.outerStride(), bk, dv, first->ws->bad.data(),
-           first->ws->bad_count, out_rows.data());
-  for (head_pass& hp : heads) {
-    if (!hp.meets || hp.ws->bad_count == 0) continue;
-    const float* s = hp.ws->s.data();
-    const index_t lds = hp.tile.lds, ra = hp.tile.ra;
-    add_bad_keys(
-        *hp.ws, kv, [&](index_t t, index_t j) { return s[t * lds + j]; },
-        [&](index_t t) {
-          return Eigen::Map<Eigen::RowVectorXf>(hp.ws->o.data() + (ra + t) * ldo, dv);
-        });
-  }
-}
-
-/// Query rows [i0, i1) of the query heads [h0, h0 + nh) of batch entry b, all of one KV
-/// head, against the keys [kb, ke); head h's result goes to sink_of(h) and it works in
-/// wss[h - h0]. The heads share each K/V tile: a tile is read from memory (and converted
-/// from half precision) once for all of them, which is what makes a GQA decode step stream
-/// each K/V byte once. Small calls (decoding) go through the small-row products, the others
-/// through Eigen's GEMMs one head at a time. With far-tile skipping, tiles are visited
-/// nearest-first (the tile holding the key nearest the middle row, then outward to the left,
-/// then to the right), so that the running maxima are good before the far-tile bound is
-/// consulted, and each head stops on a side as soon as its own bound allows. A head thus computes
-/// exactly the tiles, in the order and with the arithmetic, that it would alone: its result does
-/// not depend on the other heads of the call.
-template <bool Small, class T, class SinkOf>
-void attend_heads(const attention_problem& p, const tensor_view<const float, 4>& q,
-                  const kv_source<T>& kv, const SinkOf& sink_of, index_t b, index_t h0, index_t nh,
-                  index_t i0, index_t i1, index_t kb, index_t ke, key_norms norms, workspace* wss,
-                  bool careful = false) {
-  constexpr index_t bk = kernel_config::block_k;
-  for (index_t h = h0; h < h0 + nh; ++h)
-    if (sink_of(h).final_pass()) write_padded_rows(p, sink_of(h).out, b, h, i0, i1);
-  const index_t n = std::min(i1, p.len_q(b)) - i0, d = p.head_dim, dv = p.v_head_dim;
-  if (n <= 0) return;
-
-  auto q_rows = [&](index_t h) {  // (n, D)
-    return const_rows_map(q.ptr(b, h, i0), n, d, Eigen::OuterStride<>(q.strides[2]));
-  };
-  // The unnormalized output (n, Dv): row-major for the small-row products, column-major for
-  // the GEMMs.
-  const index_t ldo = Small ? padded_stride(std::max<index_t>(dv, 1)) : 0;
-  auto o_rows = [&](const head_pass& hp) {
-    if constexpr (Small)
-      return rows_map(hp.ws->o.data(), n, dv, Eigen::OuterStride<>(ldo));
-    else
-      return cols_map(hp.ws->o.data(), n, dv, Eigen::OuterStride<>(hp.ws->ld()));
-  };
-  thread_local std::vector<head_pass> heads;
-  heads.clear();
-  for (index_t u = 0; u < nh; ++u) {
-    workspace& ws = wss[u];
-    ws.reserve(dv);
-    const item_rows it = prepare_rows(p, b, h0 + u, i0, n, kb, ke, ws);
-    heads.push_back(head_pass{it, far_tile_skipper(it, q_rows(h0 + u), norms, ws), &ws});
-    o_rows(heads.back()).setZero();
-  }
-  // The key ranges, hence ub, ue and the visiting order, do not depend on the head.
-  const item_rows& it0 = heads.front().it;
-  // One tile; next_j0: the tile visited after it (-1: none).
-  auto process = [&](index_t j0, index_t next_j0, bool head_pass::*done) {
-    const kv_tile tile_kv = kv.tile(b, it0.hk, j0, std::min(bk, it0.ue - j0));
-    if constexpr (Small) {
-      const index_t next_bk = next_j0 < 0 ? 0 : std::min(bk, it0.ue - next_j0);
-      small_tile(heads, done, q, tile_kv, j0, careful, ldo, [&](index_t j) {
-        kv.prefetch(false, b, it0.hk, j0 + j);
-        if (j < next_bk) kv.prefetch(true, b, it0.hk, next_j0 + j);
-      });
-    } else {
-      for (head_pass& hp : heads) {
-        if (hp.*done) continue;
-        score_tile_view tile;
-        if (!compute_score_tile(hp.it, q_rows(hp.it.h), tile_kv, j0, careful, *hp.ws, tile))
-          continue;
-        ++hp.tiles_done;
-        cols_map o = o_rows(hp);
-        accumulate_tile(hp.it, tile, tile_kv, *hp.ws, o);
-      }
-    }
-  };
-  // Marks the heads whose remaining tiles on one side are negligible (`remaining` skipped
-  // tiles); false when every head is done on that side.
-  auto any_left = [&](bool head_pass::*done, index_t remaining, auto&& negligible) {
-    bool any = false;
-    for (head_pass& hp : heads) {
-      if (!(hp.*done) && hp.skip.enabled() && negligible(hp.skip)) {
-        hp.*done = true;
-        hp.tiles_skipped += remaining;
-      }
-      any |= !(hp.*done);
-    }
-    return any;
-  };
-  const index_t ntiles = it0.ub < it0.ue ? (it0.ue - it0.ub + bk - 1) / bk : 0;
-  if (Small && norms.prefix == nullptr) {
-    // Without far-tile skipping the order does not matter to the result's accuracy: small
-    // calls then read their tiles in ascending addresses, the order the hardware prefetcher
-    // follows best (the same order for every head of the call).
-    for (index_t t = 0; t < ntiles; ++t)
-      process(it0.ub + t * bk, t + 1 < ntiles ? it0.ub + (t + 1) * bk : -1, &head_pass::left_done);
-  } else if (ntiles > 0) {
-    const index_t center =
-        std::clamp<index_t>(it0.qo + it0.i0 + it0.n / 2 - it0.ko - it0.ub, 0, it0.ue - it0.ub - 1) /
-        bk;
-    for (index_t t = center; t >= 0; --t) {
-      const index_t x = std::min(it0.ue, it0.ub + (t + 1) * bk);
-      if (t < center && !any_left(&head_pass::left_done, t + 1,
-                                  [&](const far_tile_skipper& s) { return s.left(x); }))
-        break;
-      // The tile after this one: the next to the left, or the first to the right.
-      const index_t next = t > 0 ? it0.ub + (t - 1) * bk : it0.ub + (center + 1) * bk;
-      process(it0.ub + t * bk, next < it0.ue ? next : -1, &head_pass::left_done);
-    }
-    for (index_t t = center + 1; t < ntiles; ++t) {
-      const index_t x = it0.ub + t * bk;
-      if (!any_left(&head_pass::right_done, ntiles - t,
-                    [&](const far_tile_skipper& s) { return s.right(x); }))
-        break;
-      process(x, t + 1 < ntiles ? x + bk : -1, &head_pass::right_done);
-    }
-  }
-
-  // P V through a GEMM multiplies masked probabilities (exact zeros) by every V row of the
-  // tile, so a non-finite V row would reach rows that never attend to it (0 * NaN = NaN);
-  // so do the small-row products. Checking every tile costs ~6%; instead a non-finite
-  // result, which finite inputs never produce, sends the whole call through the careful
-  // path that keeps such rows out of the products and adds their contribution only where
-  // the probability is non-zero.
-  if (!careful) {
-    index_t done = 0, skipped = 0;
-    bool finite = true;
-    for (const head_pass& hp : heads) {
-      done += hp.tiles_done;
-      skipped += hp.tiles_skipped;
-      finite = finite && (Small ? all_finite(hp.ws->o.data(), ldo, n, dv)
-                                : all_finite(hp.ws->o.data(), hp.ws->ld(), dv, n));
-    }
-    if (p.stats) add_stats(p.stats, done, skipped);
-    if (!finite) {
-      attend_heads<Small>(p, q, kv, sink_of, b, h0, nh, i0, i1, kb, ke, norms, wss, true);
-      return;
-    }
-  }
-  for (const head_pass& hp : heads) finish_rows(hp.it, *hp.ws, o_rows(hp), sink_of(hp.it.h));
-}
-
-/// Merges the partial results of the key chunks of rows [i0, i1) in chunk order.
-inline void merge_splits(const attention_problem& p, const tensor_view<float, 4>& out, index_t b,
-                         index_t h, index_t i0, index_t i1, index_t splits, const float* part_o,
-                         const softmax_state* part_state, index_t rows_stride) {
-  const index_t dv = p.v_head_dim;
-  const index_t n = std::min(i1, p.len_q(b)) - i0;
-  for (index_t r = 0; r < n; ++r) {
-    Eigen::Map<Eigen::RowVectorXf> orow(out.ptr(b, h, i0 + r), dv);
-    orow.setZero();
-    softmax_state total;
-    for (index_t c = 0; c < splits; ++c) {
-      const softmax_state st = part_state[c * rows_stride + r];
-      if (st.m == neg_inf_f()) continue;  // a chunk without keys adds nothing
-      const softmax_merge mg = merge_states(total, st);
-      total = mg.state;
-      orow = orow * mg.wa +
-             mg.wb * Eigen::Map<const Eigen::RowVectorXf>(part_o + (c * rows_stride + r) * dv, dv);
-    }
-    if (total.l > 0.0f || total.l != total.l) orow /= total.l;
-    if (p.lse.data)
-      p.lse(b, h, i0 + r) =
-          total.lse(-p.slope(b, h) * static_cast<float>(p.distance_shift(b, i0 + r)));
-  }
-}
-
-/// Key-norm bounds for far-tile skipping: one pass over K (B * Hkv * Lk * D), small next to
-/// the attention itself. Keys past the length or excluded by the key mask are unused memory
-/// and are not read. prefix and suffix: (B, Hkv, grid) each.
+/// merge_partials on the thread pool (attention_kernel.hpp; compiled in alibi::kernels for
+/// T = float and double, the output types a program merges: other types need the header-only
+/// build). The front end's code is the same in both builds, so that one program may mix them.
 template <class T>
-void compute_key_norms(int threads, const attention_problem& p, const kv_source<T>& kv,
-                       index_t grid, float* prefix, float* suffix) {
-  constexpr index_t bk = kernel_config::block_k;
-  parallel_for(threads, p.batch * p.kv_heads, [&](index_t bh) {
-    const index_t b = bh / p.kv_heads, hk = bh % p.kv_heads, lq = p.len_q(b);
-    float* pre = prefix + bh * grid;
-    float* suf = suffix + bh * grid;
-    // Only keys some row can reach: the rows' key ranges are monotone, so their union is
-    // [range of row 0).begin, (range of the last row).end).
-    const index_t lo = lq > 0 ? p.key_range(b, 0).begin : 0;
-    const index_t hi = lq > 0 ? p.key_range(b, lq - 1).end : 0;
-    for (index_t t = 0; t < grid; ++t) {
-      float worst = 0.0f;
-      for (index_t j = std::max(lo, t * bk); j < std::min(hi, (t + 1) * bk); ++j) {
-        if (p.key_excluded(b, j)) continue;
-        worst = max_keep_nan(worst, kv.key_squared_norm(b, hk, j));  // NaN disables skipping
-      }
-      // Rounded up: the bound must never fall below a true norm. A float sum of D squares
-      // is within D * 2^-24 (relative) of the exact one; the margin covers that and sqrt.
-      pre[t] = suf[t] =
-          std::sqrt(worst * (1.0f + 1e-5f + static_cast<float>(p.head_dim) * 1.2e-7f));
-    }
-    for (index_t t = 1; t < grid; ++t) pre[t] = max_keep_nan(pre[t - 1], pre[t]);
-    for (index_t t = grid - 2; t >= 0; --t) suf[t] = max_keep_nan(suf[t + 1], suf[t]);
-  });
-}
-
-/// The work of a call. An item is (batch, query head, query tile); the items of a call with
-/// at most kernel_config::small_rows query rows (decoding) are worked on a GQA group at a
-/// time, so that the group's heads share each K/V tile. A unit (the items worked on
-/// together) is optionally split into key chunks.
-struct work_plan {
-  index_t tiles = 0, heads = 0, items = 0, group = 1, units = 0, splits = 1, chunk = 0;
-  index_t rows_stride = 0, q_heads = 0, q_len = 0;
-  bool small = false;
-
-  static work_plan make(const attention_problem& p) {
-    using cfg = kernel_config;
-    work_plan w;
-    w.q_heads = p.q_heads;
-    w.q_len = p.q_len;
-    w.tiles = (p.q_len + cfg::block_q - 1) / cfg::block_q;
-    w.heads = p.batch * p.q_heads;
-    w.items = w.heads * w.tiles;
-    w.small = p.q_len <= cfg::small_rows;
-    w.group = w.small ? p.group_size() : 1;
-    w.units = w.items / w.group;
-    if (w.units < cfg::min_items && p.k_len >= 2 * cfg::min_split_keys)
-      w.splits = std::min((cfg::min_items + w.units - 1) / w.units, p.k_len / cfg::min_split_keys);
-    // Split keys: chunk c covers keys [c * chunk, (c + 1) * chunk).
-    w.chunk =
-        ((p.k_len + w.splits - 1) / w.splits + cfg::block_k - 1) / cfg::block_k * cfg::block_k;
-    w.rows_stride = std::min(cfg::block_q, p.q_len);
-    return w;
-  }
-  /// Item -> (b, h, query rows [i0, i1)). Causal and windowed work grows with the query
-  /// tile index, so the largest items go first: the atomic counter then balances the tail.
-  void coords(index_t item, index_t& b, index_t& h, index_t& i0, index_t& i1) const {
-    const index_t bh = item % heads, t = tiles - 1 - item / heads;
-    b = bh / q_heads;
-    h = bh % q_heads;
-    i0 = t * kernel_config::block_q;
-    i1 = std::min(q_len, i0 + kernel_config::block_q);
-  }
-  /// The item of query head h of batch entry b whose query tile starts at row i0.
-  index_t item_of(index_t b, index_t h, index_t i0) const {
-    return (tiles - 1 - i0 / kernel_config::block_q) * heads + b * q_heads + h;
-  }
-};
-
-template <class T>
-void run(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,
-         const kv_source<T>& kv, const tensor_view<float, 4>& out) {
-  if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;
-  const work_plan plan = work_plan::make(p);
-  const int nthreads = resolve_threads(threads);
-
-  const index_t grid = (p.k_len + kernel_config::block_k - 1) / kernel_config::block_k;
-  // The calling thread's buffers, named by reference: a thread_local named inside the
-  // lambdas would be each worker's own instance.
-  thread_local aligned_buffer<float> prefix_buf, suffix_buf, part_o_buf;
-  thread_local aligned_buffer<softmax_state> part_state_buf;
-  const bool skipping = p.skip_far_tiles && p.slopes.enabled && grid > 1;
-  if (skipping) {
-    const auto size = static_cast<std::size_t>(p.batch * p.kv_heads * grid);
-    prefix_buf.reserve(size);
-    suffix_buf.reserve(size);
-    compute_key_norms(nthreads, p, kv, grid, prefix_buf.data(), suffix_buf.data());
-  }
-  const float* prefix = prefix_buf.data();
-  const float* suffix = suffix_buf.data();
-  auto norms_for = [&](index_t b, index_t hk) {
-    key_norms kn;
-    if (skipping) {
-      kn.prefix = prefix + (b * p.kv_heads + hk) * grid;
-      kn.suffix = suffix + (b * p.kv_heads + hk) * grid;
-    }
-    return kn;
-  };
-  const index_t dv = p.v_head_dim;
-  if (plan.splits > 1) {
-    const index_t slots = plan.items * plan.splits;
-    part_o_buf.reserve(static_cast<std::size_t>(slots * plan.rows_stride * dv));
-    part_state_buf.reserve(static_cast<std::size_t>(slots * plan.rows_stride));
-  }
-  float* part_o = part_o_buf.data();
-  softmax_state* part_state = part_state_buf.data();
-
-  parallel_for(nthreads, plan.units * plan.splits, [&](index_t work) {
-    const index_t unit = work / plan.splits, c = work % plan.splits;
-    index_t b, h0, i0, i1;
-    plan.coords(unit * plan.group, b, h0, i0, i1);
-    const index_t kb = c * plan.chunk, ke = std::min(p.k_len, (c + 1) * plan.chunk);
-    auto sink_of = [&](index_t h) {
-      if (plan.splits == 1) return item_sink{out};
-      const index_t slot = plan.item_of(b, h, i0) * plan.splits + c;
-      return item_sink{out, part_o + slot * plan.rows_stride * dv,
-                       part_state + slot * plan.rows_stride};
-    };
-    // Rows of a chunk without keys keep the empty state (merge_splits skips them).
-    if (plan.splits > 1)
-      for (index_t h = h0; h < h0 + plan.group; ++h)
-        std::fill(sink_of(h).partial_state, sink_of(h).partial_state + (i1 - i0), softmax_state{});
-    // The small-row products for every item with at most small_rows valid query rows, in a
-    // small call or not: a sequence computes the same bits alone as padded in a batch.
-    const key_norms norms = norms_for(b, p.kv_head(h0));
-    if (plan.small)
-      attend_heads<true>(p, q, kv, sink_of, b, h0, plan.group, i0, i1, kb, ke, norms,
-                         small_workspaces(plan.group));
-    else if (std::min(i1, p.len_q(b)) - i0 <= kernel_config::small_rows)
-      attend_heads<true>(p, q, kv, sink_of, b, h0, 1, i0, i1, kb, ke, norms, small_workspaces(1));
-    else
-      attend_heads<false>(p, q, kv, sink_of, b, h0, 1, i0, i1, kb, ke, norms, &thread_workspace());
-  });
-  if (plan.splits == 1) return;
-  parallel_for(nthreads, plan.items, [&](index_t item) {
-    index_t b, h, i0, i1;
-    plan.coords(item, b, h, i0, i1);
-    write_padded_rows(p, out, b, h, i0, i1);  // as in the unsplit path
-    const index_t slot = item * plan.splits;
-    merge_splits(p, out, b, h, i0, i1, plan.splits, part_o + slot * plan.rows_stride * dv,
-                 part_state + slot * plan.rows_stride, plan.rows_stride);
-  });
-}
+void merge_kernel(int threads, const partial_merge_args<T>& a);
 
 }  // namespace ALIBI_CPU_ISA
 }  // namespace cpu
@@ -798,15 +60,46 @@ struct attention_impl<backend::eigen> {
   static void run(const backend::eigen& be, const attention_problem& p,
                   const attention_tensors<TQ, TKV, TO, Isa>& t) {
     if constexpr (implemented<TQ, TKV, TO>)
-      cpu::run(be.threads, p, t.q, cpu::kv_source<TKV>{t.k, t.v}, t.out);
+      cpu::attention_kernel<TKV>(be.threads, p, t.q, t.k, t.v, t.out);
   }
 
   template <class T>
   static void merge(const backend::eigen& be, const partial_merge_args<T>& a) {
-    parallel_for(resolve_threads(be.threads), a.out.extents[0] * a.out.extents[1],
-                 [&](index_t bh) { merge_head_rows(a, bh); });
+    cpu::merge_kernel<T>(be.threads, a);
   }
 };
 
 }  // namespace detail
 }  // namespace alibi
+
+#if defined(ALIBI_PRECOMPILED_KERNELS)
+#include "alibi/backend/eigen/precompiled.hpp"
+namespace alibi {
+namespace detail {
+namespace cpu {
+inline namespace ALIBI_CPU_ISA {
+// Compiled in alibi::kernels (src/eigen_kernels.cpp), never here.
+extern template void attention_kernel<float>(int, const attention_problem&,
+                                             const tensor_view<const float, 4>&,
+                                             const tensor_view<const float, 4>&,
+                                             const tensor_view<const float, 4>&,
+                                             const tensor_view<float, 4>&);
+extern template void attention_kernel<Eigen::half>(int, const attention_problem&,
+                                                   const tensor_view<const float, 4>&,
+                                                   const tensor_view<const Eigen::half, 4>&,
+                                                   const tensor_view<const Eigen::half, 4>&,
+                                                   const tensor_view<float, 4>&);
+extern template void attention_kernel<Eigen::bfloat16>(int, const attention_problem&,
+                                                       const tensor_view<const float, 4>&,
+                                                       const tensor_view<const Eigen::bfloat16, 4>&,
+                                                       const tensor_view<const Eigen::bfloat16, 4>&,
+                                                       const tensor_view<float, 4>&);
+extern template void merge_kernel<float>(int, const partial_merge_args<float>&);
+extern template void merge_kernel<double>(int, const partial_merge_args<double>&);
+}  // namespace ALIBI_CPU_ISA
+}  // namespace cpu
+}  // namespace detail
+}  // namespace alibi
+#else
+#include "alibi/backend/eigen/attention_kernel.hpp"
+#endif

@@ -22,12 +22,6 @@ namespace alibi {
 namespace detail {
 namespace cpu {
 
-/// The K/V element types the eigen backend reads (q and out are float).
-template <class T>
-inline constexpr bool is_cpu_kv_type =
-    std::is_same<T, float>::value || std::is_same<T, Eigen::half>::value ||
-    std::is_same<T, Eigen::bfloat16>::value;
-
 inline namespace ALIBI_CPU_ISA {
 
 /// dst[0, n) = src[0, n) as floats. Both conversions are exact (every half and bfloat16

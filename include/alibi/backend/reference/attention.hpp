@@ -9,15 +9,8 @@
 #include <vector>
 
 #include "alibi/attention.hpp"
+#include "alibi/detail/eigen_fwd.hpp"
 #include "alibi/merge.hpp"
-
-// Eigen's 16-bit types, declared only: the reference reads them when a caller passes them
-// (and has then included Eigen), but it must not pull Eigen into translation units that never
-// use them, such as the nvcc-compiled CUDA tests and examples, which check against it.
-namespace Eigen {
-struct half;
-struct bfloat16;
-}  // namespace Eigen
 
 namespace alibi {
 namespace detail {

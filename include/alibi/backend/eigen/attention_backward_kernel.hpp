@@ -1,0 +1,508 @@
+// SPDX-License-Identifier: MIT
+// The kernel behind <alibi/backend/eigen/attention_backward.hpp>. alibi::backend::eigen backward:
+// the fused CPU gradients of ALiBi attention. Per (batch, kv head, key chunk) work item it streams
+// key tiles; for each key tile it visits the query tiles of every query head of the group that meet
+// it, recomputes the tile's probabilities from the forward's logsumexp with the forward's
+// score-tile block, and accumulates
+//   dV_j += P^T dO,  dP = dO V_j^T,  dS = P (dP - D),  dK_j += scale dS^T Q,
+//   dQ += scale dS K_j
+// through Eigen GEMMs on the tile. No L x L matrix exists; the extra memory is a few tiles
+// per thread plus O(batch * heads * q_len) row statistics.
+//
+// Determinism: an item owns the dK/dV rows of its keys and, per key chunk, its own dQ
+// accumulator, so there are no floating-point atomics; chunk accumulators are added in
+// chunk order afterwards. The chunking depends on the shape only, so results are bitwise
+// independent of the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#include "alibi/backend/eigen/attention_backward.hpp"
+#include "alibi/backend/eigen/attention_kernel.hpp"
+
+namespace alibi {
+namespace detail {
+namespace cpu {
+inline namespace ALIBI_CPU_ISA {
+
+/// Tile and work-splitting constants of the backward.
+struct backward_config {
+  // Query rows per tile: the reductions over rows in P^T dO and dS^T Q are GEMMs with this
+  // inner dimension, so it is larger than the forward's decode-friendly minimum.
+  static constexpr index_t block_q = 256;
+  // Items are (batch, kv head, key chunk). With fewer than min_items (batch, kv head)
+  // pairs the keys are split into chunks (each with its own dQ accumulator, added in chunk
+  // order), never below min_split_keys keys per chunk and never beyond max_partial_bytes of
+  // accumulators. Shape-only, so thread-count independent.
+  static constexpr index_t min_items = 16;
+  static constexpr index_t min_split_keys = 1024;
+  static constexpr index_t max_partial_bytes = index_t(64) << 20;
+  static_assert(block_q <= workspace::rows - 16, "a query tile must fit the score workspace");
+  static_assert(min_split_keys % kernel_config::block_k == 0, "chunks hold whole key tiles");
+};
+
+/// Per-thread scratch of the backward, beside the forward's workspace (whose score-tile
+/// buffers it shares).
+struct backward_workspace {
+  aligned_buffer<float> dp;  // (rows, block_k) in the score tile's layout: dP, then dS
+  aligned_buffer<float> k;   // (block_k, padded D) a K tile with excluded rows zeroed
+  void reserve(index_t d) {
+    dp.reserve(static_cast<std::size_t>(workspace::rows * kernel_config::block_k));
+    k.reserve(
+        static_cast<std::size_t>(kernel_config::block_k * padded_stride(std::max<index_t>(d, 1))));
+  }
+};
+
+inline backward_workspace& thread_backward_workspace() {
+  thread_local backward_workspace w;
+  return w;
+}
+
+/// The far-tile bound of the backward (README, "Backward pass"). The forward's logsumexp
+/// is the row's exact normalizer, so for a key tile entirely on one side of query row i,
+/// nearest distance dn, the weight of that tile and of every farther key on that side is
+///   sum P_ij <= exp(|scale| |q_i| kmax - slope dn - lse_i) / (1 - exp(-slope))
+/// (kmax bounds the norms of those keys: prefix/suffix maxima). A (query tile, key tile)
+/// pair is skipped when that is <= 2^-25 for every row of the tile; with dslopes asked for,
+/// the distance-weighted sum, bounded by the same times (dn + r / (1 - r)), r = exp(-slope),
+/// must be <= 2^-25 too. All skipped tiles of a row on one side lie at or beyond the nearest
+/// skipped one, whose bound covers them all: a row loses at most 2^-24 of its probability
+/// mass (2^-24 of its distance-weighted mass).
+struct backward_skip {
+  far_tile_bound bound{};
+  bool enabled = false, weighted = false;
+  double log_r_term = 0.0;  // r / (1 - r)
+
+  static backward_skip make(const attention_problem& p, float slope, bool on, bool weighted) {
+    backward_skip s;
+    s.enabled = on && slope > 0.0f && std::isfinite(slope);
+    if (!s.enabled) return s;
+    s.bound = far_tile_bound::make(p.scale, slope);
+    s.weighted = weighted;
+    const double r = std::exp(-static_cast<double>(slope));
+    s.log_r_term = r / -std::expm1(-static_cast<double>(slope));
+    return s;
+  }
+
+  /// Whether row i (query position qp, norm qn, logsumexp lse) may skip the keys at
+  /// distance >= dn on one side, whose norms are at most kmax.
+  bool row_negligible(float qn, float kmax, index_t dn, float lse) const {
+    if (lse == neg_inf_f()) return true;  // no allowed key: nothing flows through this row
+    if (!(lse == lse) || dn < 0) return false;
+    double log_bound = bound.abs_scale * qn * kmax - bound.slope * static_cast<double>(dn) +
+                       bound.log_geo - static_cast<double>(lse);
+    if (weighted) log_bound += std::log(static_cast<double>(dn) + log_r_term);
+    return log_bound <= skip_log_epsilon;  // false for NaN
+  }
+};
+
+/// What one item (batch entry b, kv head hk, keys [kb, ke)) reads and writes.
+struct backward_item {
+  index_t b = 0, hk = 0, kb = 0, ke = 0;
+  tensor_view<float, 4> dq;   // this chunk's dQ accumulator: the output, or a partial
+  double* dslopes = nullptr;  // (group) per query head of the group, or null
+};
+
+/// The inputs of the backward kernel, fp32.
+struct backward_inputs {
+  const attention_problem* p = nullptr;
+  tensor_view<const float, 4> q, k, v, dout;
+  tensor_view<const float, 3> lse;
+  tensor_view<float, 4> dk, dv;
+  const float* delta = nullptr;   // (B, Hq, Lq) D_i = dO_i . O_i
+  const float* qnorm = nullptr;   // (B, Hq, Lq) |q_i| rounded up, when skipping
+  const float* prefix = nullptr;  // (B, Hkv, grid) key-norm bounds, when skipping
+  const float* suffix = nullptr;
+  index_t grid = 0;
+  bool skipping = false;
+};
+
+/// The valid rows [lo, hi) of batch entry b whose key ranges meet keys [j0, j1): the ranges
+/// are monotone in the row (both ends non-decreasing), so these rows are contiguous.
+inline void rows_meeting(const attention_problem& p, index_t b, index_t j0, index_t j1, index_t& lo,
+                         index_t& hi) {
+  const index_t lq = p.len_q(b);
+  index_t a = 0, z = lq;  // first row whose range ends after j0
+  while (a < z) {
+    const index_t mid = a + (z - a) / 2;
+    if (p.key_range(b, mid).end > j0)
+      z = mid;
+    else
+      a = mid + 1;
+  }
+  lo = a;
+  z = lq;  // first row whose range begins at or after j1
+  while (a < z) {
+    const index_t mid = a + (z - a) / 2;
+    if (p.key_range(b, mid).begin >= j1)
+      z = mid;
+    else
+      a = mid + 1;
+  }
+  hi = a;
+}
+
+/// The backward of one (query tile, key tile) pair whose probabilities are in ws.s.
+/// Fast path: three GEMMs and two element-wise passes. `careful` (inputs with non-finite
+/// values): only the allowed pairs of the tile contribute, element by element, so a NaN
+/// reaches exactly the gradients the mathematics sends it to.
+inline void backward_tile(const backward_inputs& in, const backward_item& item, const item_rows& it,
+                          const score_tile_view& tile, const const_rows_map& qm,
+                          const const_rows_map& dom, bool careful, workspace& ws,
+                          backward_workspace& bws) {
+  const attention_problem& p = *in.p;
+  const index_t ra = tile.ra, m = tile.m, bk = tile.bk, d = p.head_dim, dv = p.v_head_dim;
+  const index_t b = it.b, h = it.h, i0 = it.i0;
+  const float* delta = in.delta + (b * p.q_heads + h) * p.q_len + i0 + ra;  // (m)
+  const_rows_map km(in.k.ptr(b, it.hk, tile.j0), bk, d, Eigen::OuterStride<>(in.k.strides[2]));
+  const_rows_map vm(in.v.ptr(b, it.hk, tile.j0), bk, dv, Eigen::OuterStride<>(in.v.strides[2]));
+  rows_map dkm(in.dk.ptr(b, it.hk, tile.j0), bk, d, Eigen::OuterStride<>(in.dk.strides[2]));
+  rows_map dvm(in.dv.ptr(b, it.hk, tile.j0), bk, dv, Eigen::OuterStride<>(in.dv.strides[2]));
+  rows_map dqm(item.dq.ptr(b, h, i0 + ra), m, d, Eigen::OuterStride<>(item.dq.strides[2]));
+  const auto q_act = qm.middleRows(ra, m);    // (m, D)
+  const auto do_act = dom.middleRows(ra, m);  // (m, Dv)
+  auto at = [&](const float* x, index_t t, index_t j) {
+    return tile.by_rows ? x[t * tile.lds + j] : x[j * tile.lds + t];
+  };
+  const index_t qp0 = p.q_offset(b) + i0 + ra, kp0 = p.k_offset(b) + tile.j0;
+  auto distance = [&](index_t t, index_t j) {
+    const index_t x = qp0 + t - (kp0 + j);
+    return static_cast<double>(x < 0 ? -x : x);
+  };
+
+  if (careful) {
+    const float* s = ws.s.data();
+    double dslope = 0.0;
+    for (index_t j = 0; j < bk; ++j)
+      for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) {
+        const float pr = at(s, t, j);
+        const float ds = pr * (do_act.row(t).dot(vm.row(j)) - delta[t]);
+        if (item.dslopes) dslope -= static_cast<double>(ds) * distance(t, j);
+        const float dss = p.scale * ds;
+        dqm.row(t) += dss * km.row(j);
+        dkm.row(j) += dss * q_act.row(t);
+        dvm.row(j) += pr * do_act.row(t);
+      }
+    if (item.dslopes) item.dslopes[h - it.hk * p.group_size()] += dslope;
+    return;
+  }
+
+  // Excluded keys are unused memory (they may hold NaN): their K and V rows stay out of the
+  // products (their probabilities and score gradients are exact zeros).
+  rows_map kz(bws.k.data(), bk, d, Eigen::OuterStride<>(padded_stride(std::max<index_t>(d, 1))));
+  rows_map vz(ws.tile_v(dv), bk, dv, Eigen::OuterStride<>(padded_stride(std::max<index_t>(dv, 1))));
+  const bool zeroed = ws.bad_count > 0;
+  if (zeroed) {
+    kz = km;
+    vz = vm;
+    for (index_t u = 0; u < ws.bad_count; ++u) {
+      kz.row(ws.bad[u]).setZero();
+      vz.row(ws.bad[u]).setZero();
+    }
+  }
+  float* s = ws.s.data();
+  float* dp = bws.dp.data();
+  const Eigen::Map<const Eigen::ArrayXf> delta_m(delta, m);
+  auto run = [&](auto pm, auto dpm) {  // P and dP/dS maps (m, bk) in the tile's layout
+    if (zeroed)
+      dpm.noalias() = do_act * vz.transpose();
+    else
+      dpm.noalias() = do_act * vm.transpose();
+    dvm.noalias() += pm.transpose() * do_act;
+    // dS = P (dP - D): exact zeros where P is (masked pairs), since dP is finite there.
+    dpm.array() = pm.array() * (dpm.array().colwise() - delta_m);
+    if (item.dslopes) {
+      double dslope = 0.0;
+      for (index_t j = 0; j < bk; ++j)
+        for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t)
+          dslope -= static_cast<double>(dpm(t, j)) * distance(t, j);
+      item.dslopes[h - it.hk * p.group_size()] += dslope;
+    }
+    dpm *= p.scale;
+    dkm.noalias() += dpm.transpose() * q_act;
+    if (zeroed)
+      dqm.noalias() += dpm * kz;
+    else
+      dqm.noalias() += dpm * km;
+  };
+  if (tile.by_rows)
+    run(rows_map(s, m, bk, Eigen::OuterStride<>(tile.lds)),
+        rows_map(dp, m, bk, Eigen::OuterStride<>(tile.lds)));
+  else
+    run(cols_map(s, m, bk, Eigen::OuterStride<>(tile.lds)),
+        cols_map(dp, m, bk, Eigen::OuterStride<>(tile.lds)));
+}
+
+/// Replaces the scores of a tile by the probabilities 2^(s - lse2) against the forward's
+/// logsumexp (base 2, with the row's distance shift added back, as the scores have it).
+inline void probabilities_from_lse(const backward_inputs& in, const item_rows& it,
+                                   const score_tile_view& tile, workspace& ws) {
+  const index_t ra = tile.ra, m = tile.m, mp = packet_rows(m);
+  for (index_t t = 0; t < mp; ++t) {
+    float ref = 0.0f;  // padding rows, and rows without any allowed key (all scores -inf)
+    if (t < m) {
+      const float lse = in.lse(it.b, it.h, it.i0 + ra + t);
+      if (lse != neg_inf_f()) ref = (lse + it.slope * ws.shift_f[ra + t]) * log2e_f;
+    }
+    ws.m_use[ra + t] = ref;
+  }
+  float* s = ws.s.data();
+  if (tile.by_rows)
+    for (index_t t = 0; t < m; ++t) exp_row(s + t * tile.lds, tile.bk, ws.m_use[ra + t]);
+  else
+    exp_tile(s, tile.lds, m, tile.bk, ws.m_use.data() + ra, ws.lsum.data() + ra);
+}
+
+/// Whether every row of query tile [i0, i1) of head h may skip key tile [j0, j1).
+inline bool pair_negligible(const backward_inputs& in, const backward_skip& skip, index_t b,
+                            index_t h, index_t i0, index_t i1, index_t j0, index_t j1) {
+  if (!skip.enabled) return false;
+  const attention_problem& p = *in.p;
+  const index_t qo = p.q_offset(b), ko = p.k_offset(b), tidx = j0 / kernel_config::block_k;
+  const index_t norms = (b * p.kv_heads + p.kv_head(h)) * in.grid + tidx;
+  const index_t rows = (b * p.q_heads + h) * p.q_len;
+  for (index_t i = i0; i < i1; ++i) {
+    const index_t qp = qo + i;
+    index_t dn;
+    float kmax;
+    if (ko + j1 - 1 < qp) {  // the tile is left of the row: it and everything left of it
+      dn = qp - (ko + j1 - 1);
+      kmax = in.prefix[norms];
+    } else if (ko + j0 > qp) {
+      dn = ko + j0 - qp;
+      kmax = in.suffix[norms];
+    } else {
+      return false;
+    }
+    if (!skip.row_negligible(in.qnorm[rows + i], kmax, dn, in.lse(b, h, i))) return false;
+  }
+  return true;
+}
+
+/// One item: every key tile of [kb, ke) against every query tile of the group's heads.
+inline void backward_item_run(const backward_inputs& in, const backward_item& item, bool careful,
+                              index_t& computed, index_t& skipped) {
+  using cfg = kernel_config;
+  const attention_problem& p = *in.p;
+  const index_t b = item.b, g = p.group_size(), d = p.head_dim, dv = p.v_head_dim;
+  workspace& ws = thread_workspace();
+  ws.reserve(dv);
+  backward_workspace& bws = thread_backward_workspace();
+  bws.reserve(d);
+  for (index_t j0 = item.kb; j0 < item.ke; j0 += cfg::block_k) {
+    const index_t j1 = std::min(item.ke, j0 + cfg::block_k);
+    index_t lo, hi;
+    rows_meeting(p, b, j0, j1, lo, hi);
+    if (lo >= hi) continue;
+    for (index_t h = item.hk * g; h < (item.hk + 1) * g; ++h) {
+      const float slope = p.slope(b, h);
+      const backward_skip skip =
+          backward_skip::make(p, slope, in.skipping && !careful, item.dslopes != nullptr);
+      for (index_t i0 = lo; i0 < hi; i0 += backward_config::block_q) {
+        const index_t i1 = std::min(hi, i0 + backward_config::block_q);
+        if (pair_negligible(in, skip, b, h, i0, i1, j0, j1)) {
+          ++skipped;
+          continue;
+        }
+        const item_rows it = prepare_rows(p, b, h, i0, i1 - i0, j0, j1, ws);
+        const_rows_map qm(in.q.ptr(b, h, i0), i1 - i0, d, Eigen::OuterStride<>(in.q.strides[2]));
+        const_rows_map dom(in.dout.ptr(b, h, i0), i1 - i0, dv,
+                           Eigen::OuterStride<>(in.dout.strides[2]));
+        score_tile_view tile;
+        const kv_tile kv = kv_source<float>{in.k, in.v}.tile(b, item.hk, j0, j1 - j0);
+        if (!compute_score_tile(it, qm, kv, j0, false, ws, tile)) continue;
+        ++computed;
+        probabilities_from_lse(in, it, tile, ws);
+        backward_tile(in, item, it, tile, qm, dom, careful, ws, bws);
+      }
+    }
+  }
+}
+
+/// Zeroes what an item accumulates into: its keys' dK/dV rows, its dQ accumulator for the
+/// group's heads (all rows: padded rows stay zero), its dslopes partials.
+inline void reset_item(const attention_problem& p, const backward_inputs& in,
+                       const backward_item& item) {
+  const index_t g = p.group_size();
+  for (index_t j = item.kb; j < item.ke; ++j) {
+    std::fill(in.dk.ptr(item.b, item.hk, j), in.dk.ptr(item.b, item.hk, j) + p.head_dim, 0.0f);
+    std::fill(in.dv.ptr(item.b, item.hk, j), in.dv.ptr(item.b, item.hk, j) + p.v_head_dim, 0.0f);
+  }
+  for (index_t h = item.hk * g; h < (item.hk + 1) * g; ++h)
+    for (index_t i = 0; i < p.q_len; ++i)
+      std::fill(item.dq.ptr(item.b, h, i), item.dq.ptr(item.b, h, i) + p.head_dim, 0.0f);
+  if (item.dslopes) std::fill(item.dslopes, item.dslopes + g, 0.0);
+}
+
+/// Whether an item's results are all finite (finite inputs always give finite gradients;
+/// otherwise the item is recomputed on the careful path).
+inline bool item_finite(const attention_problem& p, const backward_inputs& in,
+                        const backward_item& item) {
+  const index_t g = p.group_size(), n = item.ke - item.kb;
+  bool ok = all_finite(in.dk.ptr(item.b, item.hk, item.kb), in.dk.strides[2], n, p.head_dim) &&
+            all_finite(in.dv.ptr(item.b, item.hk, item.kb), in.dv.strides[2], n, p.v_head_dim);
+  for (index_t h = item.hk * g; ok && h < (item.hk + 1) * g; ++h)
+    ok = all_finite(item.dq.ptr(item.b, h, 0), item.dq.strides[2], p.q_len, p.head_dim);
+  for (index_t u = 0; ok && item.dslopes && u < g; ++u) ok = std::isfinite(item.dslopes[u]);
+  return ok;
+}
+
+inline void run_backward(int threads, const attention_problem& p,
+                         const attention_backward_tensors<float, float, float, float>& t_in) {
+  using cfg = kernel_config;
+  const auto& t = t_in;
+  const index_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.k_len;
+  const index_t D = p.head_dim, g = p.group_size();
+  const int nthreads = resolve_threads(threads);
+  // Gradients of empty problems: zero every element that exists.
+  if (Hkv == 0 || Lq == 0 || Hq == 0) {
+    for (index_t b = 0; b < B; ++b) {
+      for (index_t h = 0; h < Hq; ++h)
+        for (index_t i = 0; i < Lq; ++i) std::fill(t.dq.ptr(b, h, i), t.dq.ptr(b, h, i) + D, 0.0f);
+      for (index_t h = 0; h < Hkv; ++h)
+        for (index_t j = 0; j < Lk; ++j) {
+          std::fill(t.dk.ptr(b, h, j), t.dk.ptr(b, h, j) + D, 0.0f);
+          std::fill(t.dv.ptr(b, h, j), t.dv.ptr(b, h, j) + p.v_head_dim, 0.0f);
+        }
+    }
+    if (t.dslopes.data)
+      for (index_t r = 0; r < t.dslopes.extents[0]; ++r)
+        for (index_t h = 0; h < Hq; ++h) t.dslopes(r, h) = 0.0f;
+    return;
+  }
+
+  // Work split: shape only (thread-count independent).
+  const index_t pairs = B * Hkv;
+  index_t splits = 1;
+  if (pairs < backward_config::min_items && Lk >= 2 * backward_config::min_split_keys) {
+    splits = std::min((backward_config::min_items + pairs - 1) / pairs,
+                      Lk / backward_config::min_split_keys);
+    const index_t dq_bytes = B * Hq * Lq * D * static_cast<index_t>(sizeof(float));
+    splits = std::max<index_t>(1, std::min(splits, 1 + backward_config::max_partial_bytes /
+                                                           std::max<index_t>(dq_bytes, 1)));
+  }
+  const index_t chunk =
+      ((Lk + splits - 1) / splits + cfg::block_k - 1) / cfg::block_k * cfg::block_k;
+  const index_t items = pairs * splits;
+
+  // The calling thread's buffers (named by reference: see the forward's run()).
+  thread_local aligned_buffer<float> delta_buf, qnorm_buf, prefix_buf, suffix_buf, partial_buf;
+  thread_local aligned_buffer<double> dslope_buf;
+  const index_t rows = B * Hq * Lq;
+  delta_buf.reserve(static_cast<std::size_t>(rows));
+  const index_t grid = (Lk + cfg::block_k - 1) / cfg::block_k;
+  backward_inputs in;
+  in.p = &p;
+  in.q = t.q;
+  in.k = t.k;
+  in.v = t.v;
+  in.dout = t.dout;
+  in.lse = t.lse;
+  in.dk = t.dk;
+  in.dv = t.dv;
+  in.grid = grid;
+  in.skipping = p.skip_far_tiles && p.slopes.enabled && grid > 1;
+  if (in.skipping) {
+    qnorm_buf.reserve(static_cast<std::size_t>(rows));
+    prefix_buf.reserve(static_cast<std::size_t>(pairs * grid));
+    suffix_buf.reserve(static_cast<std::size_t>(pairs * grid));
+    compute_key_norms(nthreads, p, kv_source<float>{t.k, t.v}, grid, prefix_buf.data(),
+                      suffix_buf.data());
+    in.prefix = prefix_buf.data();
+    in.suffix = suffix_buf.data();
+    in.qnorm = qnorm_buf.data();
+  }
+  // Row statistics: D_i = dO_i . O_i, and |q_i| (rounded up) for the skip bound. Padded
+  // rows are never read.
+  float* delta = delta_buf.data();
+  float* qnorm = qnorm_buf.data();
+  parallel_for(nthreads, B * Hq, [&](index_t bh) {
+    const index_t b = bh / Hq, h = bh % Hq;
+    for (index_t i = 0; i < p.len_q(b); ++i) {
+      const Eigen::Map<const Eigen::RowVectorXf> o(t.out.ptr(b, h, i), p.v_head_dim);
+      const Eigen::Map<const Eigen::RowVectorXf> dO(t.dout.ptr(b, h, i), p.v_head_dim);
+      delta[bh * Lq + i] = o.dot(dO);
+      if (in.skipping) {
+        const Eigen::Map<const Eigen::RowVectorXf> q(t.q.ptr(b, h, i), D);
+        qnorm[bh * Lq + i] = static_cast<float>(q.cast<double>().norm() * (1 + 1e-6));
+      }
+    }
+  });
+  in.delta = delta;
+
+  const index_t partial_size = B * Hq * Lq * D;
+  if (splits > 1) partial_buf.reserve(static_cast<std::size_t>((splits - 1) * partial_size));
+  if (t.dslopes.data) dslope_buf.reserve(static_cast<std::size_t>(items * g));
+  float* partial = partial_buf.data();
+  double* dslope_part = dslope_buf.data();
+  auto item_at = [&](index_t w) {
+    backward_item it;
+    const index_t c = w % splits, bh = w / splits;
+    it.b = bh / Hkv;
+    it.hk = bh % Hkv;
+    it.kb = c * chunk;
+    it.ke = std::min(Lk, (c + 1) * chunk);
+    it.dq = c == 0 ? t.dq : make_view(partial + (c - 1) * partial_size, B, Hq, Lq, D);
+    it.dslopes = t.dslopes.data ? dslope_part + w * g : nullptr;
+    return it;
+  };
+  parallel_for(nthreads, items, [&](index_t w) {
+    const backward_item item = item_at(w);
+    index_t computed = 0, skipped = 0;
+    reset_item(p, in, item);
+    backward_item_run(in, item, false, computed, skipped);
+    // Non-finite gradients come only from non-finite inputs: then the GEMMs may have sent
+    // a NaN to gradients of pairs that never meet (0 * NaN); the careful path does not.
+    if (!item_finite(p, in, item)) {
+      reset_item(p, in, item);
+      backward_item_run(in, item, true, computed, skipped);
+    }
+    if (p.stats) add_stats(p.stats, computed, skipped);
+  });
+  if (splits > 1)
+    parallel_for(nthreads, B * Hq, [&](index_t bh) {
+      const index_t b = bh / Hq, h = bh % Hq;
+      for (index_t c = 1; c < splits; ++c) {
+        const float* part = partial + (c - 1) * partial_size + bh * Lq * D;
+        for (index_t i = 0; i < Lq; ++i) {
+          Eigen::Map<Eigen::RowVectorXf>(t.dq.ptr(b, h, i), D) +=
+              Eigen::Map<const Eigen::RowVectorXf>(part + i * D, D);
+        }
+      }
+    });
+  if (t.dslopes.data)
+    for (index_t r = 0; r < t.dslopes.extents[0]; ++r)
+      for (index_t h = 0; h < Hq; ++h) {
+        double sum = 0.0;
+        const index_t b_lo = t.dslopes.extents[0] == 1 ? 0 : r;
+        const index_t b_hi = t.dslopes.extents[0] == 1 ? B : r + 1;
+        for (index_t b = b_lo; b < b_hi; ++b)
+          for (index_t c = 0; c < splits; ++c)
+            sum += dslope_part[((b * Hkv + p.kv_head(h)) * splits + c) * g + h % g];
+        t.dslopes(r, h) = static_cast<float>(sum);
+      }
+}
+
+}  // namespace ALIBI_CPU_ISA
+}  // namespace cpu
+
+namespace cpu {
+inline namespace ALIBI_CPU_ISA {
+
+template <class T>
+void backward_kernel(int threads, const attention_problem& p,
+                     const attention_backward_tensors<T, T, T, T>& t) {
+  static_assert(std::is_same<T, float>::value, "the eigen backward computes in float");
+  run_backward(threads, p, t);
+}
+
+}  // namespace ALIBI_CPU_ISA
+}  // namespace cpu
+
+}  // namespace detail
+}  // namespace alibi

@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: MIT
+// Compiled with ALIBI_PRECOMPILED_KERNELS (the target links alibi::kernels): every eigen call
+// here goes to the library's kernels.
+#if !defined(ALIBI_PRECOMPILED_KERNELS)
+#error "this file must be compiled against alibi::kernels"
+#endif
+#define PRECOMPILED_CALLS_FN run_precompiled
+#include "precompiled_calls.inc"
