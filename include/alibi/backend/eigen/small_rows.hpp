@@ -97,37 +97,47 @@ void small_scores(const float* const* q, index_t m, const float* k, index_t ldk,
            : scores_rows<1, 8>(q + t, k, ldk, bk, d, s + t, none);
 }
 
+/// o[c * lanes, (c + C) * lanes) += sum over keys j in [jb, je) of p[j] v_j for one row: the
+/// C packets of o stay in registers while the keys go by in ascending order (v_j at
+/// v + j * ldv). Each key's C products are independent, so the FMA units stay busy even
+/// though every packet's own sum is a chain over the keys.
+template <int C>
+ALIBI_FORCEINLINE void pv_packets(const float* p, const float* v, index_t ldv, index_t jb,
+                                  index_t je, float* o) {
+  namespace ei = Eigen::internal;
+  packet acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = ei::ploadu<packet>(o + c * lanes);
+  for (index_t j = jb; j < je; ++j) {
+    const packet w = ei::pset1<packet>(p[j]);
+    const float* vj = v + j * ldv;
+    for (int c = 0; c < C; ++c) acc[c] = ei::pmadd(w, ei::ploadu<packet>(vj + c * lanes), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) ei::pstoreu(o + c * lanes, acc[c]);
+}
+
 /// o[e] += sum over keys j in [jb, je) of p[j] v_j[e] for one row, keys in ascending order
-/// (v_j at v + j * ldv, dv floats). Keys go in blocks of 8 and, within a block, every packet
-/// of o takes the 8 products in turn: the block's V rows are read as one contiguous run (the
-/// hardware prefetcher follows it), the 16 or so packets of a row are independent chains.
+/// (v_j at v + j * ldv, dv floats): up to 8 packets of o at a time (128 floats with AVX-512,
+/// a whole row for head dims up to 128), then the scalar tail. A V row is read front to back
+/// for each group of packets, in ascending keys: one contiguous run the hardware prefetcher
+/// follows.
 inline void pv_row(const float* p, const float* v, index_t ldv, index_t jb, index_t je, index_t dv,
                    float* o) {
-  namespace ei = Eigen::internal;
-  constexpr int J = 8;
   const index_t dp = dv / lanes * lanes;
-  index_t j = jb;
-  for (; j + J <= je; j += J) {
-    packet w[J];
-    for (int u = 0; u < J; ++u) w[u] = ei::pset1<packet>(p[j + u]);
-    for (index_t e = 0; e < dp; e += lanes) {
-      packet acc = ei::ploadu<packet>(o + e);
-      for (int u = 0; u < J; ++u)
-        acc = ei::pmadd(w[u], ei::ploadu<packet>(v + (j + u) * ldv + e), acc);
-      ei::pstoreu(o + e, acc);
-    }
-    for (index_t e = dp; e < dv; ++e) {
-      float a = o[e];
-      for (int u = 0; u < J; ++u) a += p[j + u] * v[(j + u) * ldv + e];
-      o[e] = a;
-    }
+  index_t e = 0;
+  for (; e + 8 * lanes <= dp; e += 8 * lanes) pv_packets<8>(p, v + e, ldv, jb, je, o + e);
+  if (e + 4 * lanes <= dp) {
+    pv_packets<4>(p, v + e, ldv, jb, je, o + e);
+    e += 4 * lanes;
   }
-  for (; j < je; ++j) {
-    const packet w = ei::pset1<packet>(p[j]);
-    for (index_t e = 0; e < dp; e += lanes)
-      ei::pstoreu(o + e,
-                  ei::pmadd(w, ei::ploadu<packet>(v + j * ldv + e), ei::ploadu<packet>(o + e)));
-    for (index_t e = dp; e < dv; ++e) o[e] += p[j] * v[j * ldv + e];
+  if (e + 2 * lanes <= dp) {
+    pv_packets<2>(p, v + e, ldv, jb, je, o + e);
+    e += 2 * lanes;
+  }
+  if (e < dp) pv_packets<1>(p, v + e, ldv, jb, je, o + e);
+  for (e = dp; e < dv; ++e) {
+    float a = o[e];
+    for (index_t j = jb; j < je; ++j) a += p[j] * v[j * ldv + e];
+    o[e] = a;
   }
 }
 
@@ -136,11 +146,15 @@ inline void pv_row(const float* p, const float* v, index_t ldv, index_t jb, inde
 /// whatever the blocking.
 inline void small_pv(const float* const* p, index_t m, const float* v, index_t ldv, index_t bk,
                      index_t dv, const index_t* skip, index_t nskip, float* const* o) {
+  // Keys in blocks of at most 16 KiB of V rows, and within a block the rows one after the
+  // other: the block's V rows, read from memory for the first row, are still in L1 for the
+  // next ones (a whole tile's V, 64 KiB at Dv = 128, is not), so a GQA group reads each V
+  // row from beyond L1 once. Each output element still sums its keys in ascending order.
+  const index_t block = std::max<index_t>(8, index_t(4096) / std::max<index_t>(dv, 1));
   for (index_t u = 0, jb = 0; u <= nskip; ++u) {
     const index_t je = u < nskip ? skip[u] : bk;
-    // Rows one after the other: a block of V rows read for the first row is in L1 for the
-    // next ones.
-    for (index_t t = 0; t < m && jb < je; ++t) pv_row(p[t], v, ldv, jb, je, dv, o[t]);
+    for (index_t j = jb; j < je; j += block)
+      for (index_t t = 0; t < m; ++t) pv_row(p[t], v, ldv, j, std::min(je, j + block), dv, o[t]);
     jb = je + 1;
   }
 }
