@@ -412,14 +412,24 @@ inline workspace* small_workspaces(index_t heads) {
   return w.data();
 }
 
+/// Rows of a key tile as floats: row j at data + j * ld.
+struct float_rows {
+  const float* data;
+  index_t ld;
+};
+
 /// One key tile for the heads of a small call, whose rows all go through one pass of the
 /// small-row products (small_rows.hpp): each K and V row of the tile is read once for all
 /// the heads' rows. Each head's scores are row-major in its workspace (ws.s), its output
 /// row-major in ws.o (leading dimension ldo); `prefetch(j)` requests rows of the next tile.
-template <class Prefetch>
+/// The products take the tile's keys `chunk` at a time, each chunk's K or V rows from
+/// rows_of(keys, j, n) (rows [j, j + n), valid until its next call); `kv` is read only by
+/// the careful path (non-finite V rows). Each output element gets the same additions in the
+/// same order whatever the chunk.
+template <class Prefetch, class RowsOf>
 void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
                 const tensor_view<const float, 4>& q, const kv_tile& kv, index_t j0, bool careful,
-                index_t ldo, Prefetch&& prefetch) {
+                index_t ldo, Prefetch&& prefetch, RowsOf&& rows_of, index_t chunk) {
   const attention_problem& p = *heads.front().it.p;
   const index_t d = p.head_dim, dv = p.v_head_dim;
   thread_local std::vector<const float*> in_rows;
@@ -438,8 +448,15 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
   }
   if (!first) return;
   const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
-  small_scores(in_rows.data(), rows, kv.k.data(), kv.k.outerStride(), bk, d, out_rows.data(),
-               prefetch);
+  thread_local std::vector<float*> s_at;
+  for (index_t c0 = 0; c0 < bk; c0 += chunk) {
+    const index_t n = std::min(chunk, bk - c0);
+    const float_rows kr = rows_of(true, c0, n);
+    s_at.assign(out_rows.begin(), out_rows.end());
+    for (float*& r : s_at) r += c0;
+    small_scores(in_rows.data(), rows, kr.data, kr.ld, n, d, s_at.data(),
+                 [&](index_t j) { prefetch(c0 + j); });
+  }
 
   in_rows.clear();
   out_rows.clear();
@@ -456,8 +473,19 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
       out_rows.push_back(o);
     }
   }
-  small_pv(in_rows.data(), rows, kv.v.data(), kv.v.outerStride(), bk, dv, first->ws->bad.data(),
-           first->ws->bad_count, out_rows.data());
+  thread_local std::vector<const float*> p_at;
+  thread_local std::vector<index_t> bad_at;
+  const index_t* bad = first->ws->bad.data();
+  for (index_t c0 = 0, u = 0; c0 < bk; c0 += chunk) {
+    const index_t n = std::min(chunk, bk - c0);
+    const float_rows vr = rows_of(false, c0, n);
+    bad_at.clear();
+    for (; u < first->ws->bad_count && bad[u] < c0 + n; ++u) bad_at.push_back(bad[u] - c0);
+    p_at.assign(in_rows.begin(), in_rows.end());
+    for (const float*& r : p_at) r += c0;
+    small_pv(p_at.data(), rows, vr.data, vr.ld, n, dv, bad_at.data(),
+             static_cast<index_t>(bad_at.size()), out_rows.data());
+  }
   for (head_pass& hp : heads) {
     if (!hp.meets || hp.ws->bad_count == 0) continue;
     const float* s = hp.ws->s.data();
@@ -517,14 +545,45 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
   const item_rows& it0 = heads.front().it;
   // One tile; next_j0: the tile visited after it (-1: none).
   auto process = [&](index_t j0, index_t next_j0, bool head_pass::*done) {
-    const kv_tile tile_kv = kv.tile(b, it0.hk, j0, std::min(bk, it0.ue - j0));
+    const index_t n_keys = std::min(bk, it0.ue - j0);
     if constexpr (Small) {
       const index_t next_bk = next_j0 < 0 ? 0 : std::min(bk, it0.ue - next_j0);
-      small_tile(heads, done, q, tile_kv, j0, careful, ldo, [&](index_t j) {
+      auto prefetch = [&](index_t j) {
         kv.prefetch(false, b, it0.hk, j0 + j);
         if (j < next_bk) kv.prefetch(true, b, it0.hk, next_j0 + j);
-      });
+      };
+      if (!std::is_same<T, float>::value && !careful) {
+        // Half-precision K/V: converted a few keys at a time inside the products, so that
+        // the fp32 copies stay in L1 (a whole converted tile, 128 KiB at D = 128, would
+        // go out to L2 and be read back).
+        const index_t ldk = padded_stride(std::max<index_t>(d, 1));
+        const index_t ldv = padded_stride(std::max<index_t>(dv, 1));
+        const index_t chunk = std::max<index_t>(8, index_t(4096) / std::max(ldk, ldv));
+        kv_tile_buffers& buf = kv_tile_buffers::local();
+        buf.k.reserve(static_cast<std::size_t>(chunk * ldk));
+        buf.v.reserve(static_cast<std::size_t>(chunk * ldv));
+        const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(ldk)),
+                             kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(ldv))};
+        small_tile(
+            heads, done, q, unread, j0, careful, ldo, prefetch,
+            [&](bool keys, index_t c0, index_t n) {
+              float* dst = keys ? buf.k.data() : buf.v.data();
+              kv.to_floats(keys, b, it0.hk, j0 + c0, n, dst, keys ? ldk : ldv);
+              return float_rows{dst, keys ? ldk : ldv};
+            },
+            chunk);
+      } else {
+        const kv_tile tile_kv = kv.tile(b, it0.hk, j0, n_keys);
+        small_tile(
+            heads, done, q, tile_kv, j0, careful, ldo, prefetch,
+            [&](bool keys, index_t c0, index_t) {
+              const kv_rows_map& m = keys ? tile_kv.k : tile_kv.v;
+              return float_rows{m.data() + c0 * m.outerStride(), m.outerStride()};
+            },
+            bk);
+      }
     } else {
+      const kv_tile tile_kv = kv.tile(b, it0.hk, j0, n_keys);
       for (head_pass& hp : heads) {
         if (hp.*done) continue;
         score_tile_view tile;

@@ -96,13 +96,18 @@ struct kv_source {
       const index_t ldv = padded_stride(std::max<index_t>(dv, 1));
       buf.k.reserve(static_cast<std::size_t>(kernel_config::block_k * ldk));
       buf.v.reserve(static_cast<std::size_t>(kernel_config::block_k * ldv));
-      for (index_t j = 0; j < bk; ++j) {
-        to_float(k.ptr(b, hk, j0 + j), buf.k.data() + j * ldk, d);
-        to_float(v.ptr(b, hk, j0 + j), buf.v.data() + j * ldv, dv);
-      }
+      to_floats(true, b, hk, j0, bk, buf.k.data(), ldk);
+      to_floats(false, b, hk, j0, bk, buf.v.data(), ldv);
       return {kv_rows_map(buf.k.data(), bk, d, Eigen::OuterStride<>(ldk)),
               kv_rows_map(buf.v.data(), bk, dv, Eigen::OuterStride<>(ldv))};
     }
+  }
+
+  /// The K (keys) or V rows [j0, j0 + n) of (b, hk) as floats into dst (leading dimension ld).
+  void to_floats(bool keys, index_t b, index_t hk, index_t j0, index_t n, float* dst,
+                 index_t ld) const {
+    const tensor_view<const T, 4>& t = keys ? k : v;
+    for (index_t j = 0; j < n; ++j) to_float(t.ptr(b, hk, j0 + j), dst + j * ld, t.extents[3]);
   }
 
   /// Requests the K (or V) row of key j of (b, hk) from memory, ahead of its use.
