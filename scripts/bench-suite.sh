@@ -9,21 +9,26 @@
 #   --update-plots   JSON into bench/results/suite-<date>/ and the plots into docs/plots/
 #   --quick          lengths up to 1024, one repetition, no plots (what the demo runs; also
 #                    ALIBI_SUITE_QUICK=1), into <build>/suite-quick/
+#   --with-torch     install Debian's python3-torch if missing; the CPU peer (PyTorch's
+#                    BLOOM-style eager attention, scripts/torch_cpu_suite.py, L <= 8192) runs
+#                    whenever torch imports, and is a line in the table and plots
 # The build directory is build unless ALIBI_BUILD_DIR says otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=${ALIBI_SUITE_QUICK:-0}
 update=0
+with_torch=0
 for arg in "$@"; do
   case "$arg" in
     --update-plots) update=1 ;;
     --quick) quick=1 ;;
+    --with-torch) with_torch=1 ;;
     -h | --help)
-      sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
-      echo "bench-suite.sh: unknown argument '$arg' (expected --update-plots, --quick or --help)" >&2
+      echo "bench-suite.sh: unknown argument '$arg' (expected --update-plots, --quick, --with-torch or --help)" >&2
       exit 2
       ;;
   esac
@@ -34,7 +39,7 @@ if [ "$quick" = 1 ] && [ "$update" = 1 ]; then
 fi
 plots=1
 [ "$quick" = 1 ] && plots=0
-ALIBI_WITH_PLOTS=$plots scripts/install-deps.sh
+ALIBI_WITH_PLOTS=$plots ALIBI_WITH_TORCH=$with_torch scripts/install-deps.sh
 build=${ALIBI_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 # The CUDA suite only where it can run: built (nvcc found) and a GPU present.
@@ -92,10 +97,21 @@ if [ $gpu = 1 ] && [ -x "$build/bench/alibi_suite_cuda" ]; then
   run_suite "$build/bench/alibi_suite_cuda" "$out/gpu.json" "$out/gpu.log" || rc=$?
   if [ $rc -eq 0 ]; then jsons+=("$out/gpu.json"); else echo "(GPU suite failed: see $out/gpu.log)"; fi
 fi
-echo "== suite finished in $((SECONDS - start)) s"
-# Debian's interpreter, where python3-matplotlib lives (another python3 may come first on PATH).
+# Debian's interpreter, where python3-matplotlib and python3-torch live (another python3 may
+# come first on PATH).
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3
+if "$py" -c "import torch" 2>/dev/null; then
+  echo "== CPU peer: PyTorch BLOOM-style eager attention ($out/torch.log)"
+  torch_args=(--out "$out/torch.json")
+  [ "$quick" = 1 ] && torch_args+=(--lengths 128,256,512,1024 --repetitions 1)
+  rc=0
+  "$py" scripts/torch_cpu_suite.py "${torch_args[@]}" 2>&1 | tee "$out/torch.log" || rc=$?
+  if [ $rc -eq 0 ]; then jsons+=("$out/torch.json"); else echo "(PyTorch peer failed: see $out/torch.log)"; fi
+else
+  echo "== CPU peer skipped: python3-torch is not installed (--with-torch installs it)"
+fi
+echo "== suite finished in $((SECONDS - start)) s"
 if [ "$quick" = 1 ]; then
   "$py" scripts/suite_report.py "${jsons[@]}"
 else

@@ -3,6 +3,7 @@
 set -euo pipefail
 packages=(cmake ninja-build g++ clang libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev doxygen pkg-config)
 [ "${ALIBI_WITH_PLOTS:-0}" = 1 ] && packages+=(python3-matplotlib)
+[ "${ALIBI_WITH_TORCH:-0}" = 1 ] && packages+=(python3-torch libopenblas0-pthread)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -41,6 +41,12 @@ def describe(contexts):
         s = f"{c.get('date', '?')[:10]}, {c.get('cpu', 'CPU')} x {c.get('num_cpus', '?')}"
         if "gpu" in c:
             s += f", {c['gpu']}"
+        if "torch" in c:
+            # The BLAS library torch loaded, by its file name (the optimized one if any).
+            libs = [x.strip().rsplit("/", 1)[-1] for x in c.get("torch_blas", "?").split(",")]
+            blas = next((x for x in libs if any(k in x for k in ("openblas", "mkl", "blis"))),
+                        libs[0])
+            s = f"PyTorch {c['torch']} with {blas}"
         parts.append(s)
     return "; ".join(dict.fromkeys(parts))
 
