@@ -558,7 +558,7 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
         // go out to L2 and be read back).
         const index_t ldk = padded_stride(std::max<index_t>(d, 1));
         const index_t ldv = padded_stride(std::max<index_t>(dv, 1));
-        const index_t chunk = std::max<index_t>(8, index_t(4096) / std::max(ldk, ldv));
+        const index_t chunk = l1_block_keys(std::max(ldk, ldv));
         kv_tile_buffers& buf = kv_tile_buffers::local();
         buf.k.reserve(static_cast<std::size_t>(chunk * ldk));
         buf.v.reserve(static_cast<std::size_t>(chunk * ldv));

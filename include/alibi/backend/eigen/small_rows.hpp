@@ -141,6 +141,12 @@ inline void pv_row(const float* p, const float* v, index_t ldv, index_t jb, inde
   }
 }
 
+/// How many key rows of `width` floats make 16 KiB (at least 8): a block of K or V rows that
+/// stays in L1 while every row of a small call goes over it.
+inline index_t l1_block_keys(index_t width) {
+  return std::max<index_t>(8, index_t(4096) / std::max<index_t>(width, 1));
+}
+
 /// o[t] += sum over keys j < bk not listed in skip[0, nskip) (ascending) of p[t][j] v_j, for
 /// the rows t < m (o[t]: dv floats). Each output element sums its keys in ascending order,
 /// whatever the blocking.
@@ -150,7 +156,7 @@ inline void small_pv(const float* const* p, index_t m, const float* v, index_t l
   // other: the block's V rows, read from memory for the first row, are still in L1 for the
   // next ones (a whole tile's V, 64 KiB at Dv = 128, is not), so a GQA group reads each V
   // row from beyond L1 once. Each output element still sums its keys in ascending order.
-  const index_t block = std::max<index_t>(8, index_t(4096) / std::max<index_t>(dv, 1));
+  const index_t block = l1_block_keys(dv);
   for (index_t u = 0, jb = 0; u <= nskip; ++u) {
     const index_t je = u < nskip ? skip[u] : bk;
     for (index_t j = jb; j < je; j += block)
