@@ -134,7 +134,8 @@ std::vector<R> mha_ref(const alibi::mha_config& c, const weight_map& w, const st
     const index_t lk = m.k_len.empty() ? Lk : m.k_len[static_cast<std::size_t>(b)];
     for (index_t h = 0; h < Hq; ++h) {
       const index_t g = h / (Hq / Hkv);
-      const R slope = static_cast<R>(alibi::slope(h, Hq, c.slopes.max_bias));
+      const R slope =
+          static_cast<R>(alibi::slope(h, Hq, c.slopes.max_bias)) * static_cast<R>(c.slopes.scale);
       for (index_t i = 0; i < lq; ++i) {
         const index_t qp = lk - lq + i;
         std::vector<R> s;
@@ -172,56 +173,82 @@ std::vector<R> mha_ref(const alibi::mha_config& c, const weight_map& w, const st
   return out;
 }
 
+/// nn.LayerNorm (b may be null: no bias) or, with rms, RMSNorm: x / sqrt(mean(x^2) + eps) g.
 template <class R, class Round = no_rounding>
-void layer_norm_ref(std::vector<R>& x, index_t rows, index_t n, const named_tensor& g,
-                    const named_tensor& b, R eps, Round round = {}) {
+void norm_ref(std::vector<R>& x, index_t rows, index_t n, const named_tensor& g,
+              const named_tensor* b, R eps, bool rms = false, Round round = {}) {
   for (index_t r = 0; r < rows; ++r) {
     R* p = x.data() + r * n;
     R mean = 0, var = 0;
-    for (index_t i = 0; i < n; ++i) mean += p[i];
-    mean /= static_cast<R>(n);
+    if (!rms) {
+      for (index_t i = 0; i < n; ++i) mean += p[i];
+      mean /= static_cast<R>(n);
+    }
     for (index_t i = 0; i < n; ++i) var += (p[i] - mean) * (p[i] - mean);
     var /= static_cast<R>(n);
     for (index_t i = 0; i < n; ++i)
       p[i] = round((p[i] - mean) / std::sqrt(var + eps) *
                        static_cast<R>(g.data[static_cast<std::size_t>(i)]) +
-                   static_cast<R>(b.data[static_cast<std::size_t>(i)]));
+                   (b ? static_cast<R>(b->data[static_cast<std::size_t>(i)]) : R(0)));
   }
 }
 
-/// The Transformer layer of seed 001 (post-norm) or its pre-norm variant; padded rows 0.
+/// The activations of PyTorch: nn.GELU(), nn.GELU(approximate='tanh'), nn.SiLU().
+template <class R>
+R activation_ref(alibi::activation act, R t) {
+  switch (act) {
+    case alibi::activation::gelu:
+      return R(0.5) * t * (R(1) + std::erf(t / std::sqrt(R(2))));
+    case alibi::activation::gelu_tanh:
+      return R(0.5) * t *
+             (R(1) + std::tanh(std::sqrt(R(2) / R(3.14159265358979323846)) *
+                               (t + R(0.044715) * t * t * t)));
+    case alibi::activation::silu:
+      return t / (R(1) + std::exp(-t));
+  }
+  return t;
+}
+
+/// The Transformer layer of seed 001 (post-norm) or its pre-norm variant, with LayerNorm or
+/// RMSNorm and a plain or gated (down(act(gate y) * up y)) FFN; padded rows 0.
 template <class R, class Round = no_rounding, class KvHook = no_kv_hook>
 std::vector<R> layer_ref(const alibi::layer_config& c, const weight_map& w, const std::vector<R>& x,
                          index_t B, index_t L, const mask_args& m, Round round = {},
                          KvHook kv_hook = {}) {
   const index_t E = c.attention.embed_dim, rows = B * L;
   const R eps = static_cast<R>(c.norm_eps);
+  const bool rms = c.norm_kind == alibi::norm_type::rms_norm;
+  auto layer_norm_ref = [&](std::vector<R>& v, const char* which) {
+    const std::string n = which;
+    norm_ref(v, rows, E, w.at(n + ".weight"), optional(w, n + ".bias"), eps, rms, round);
+  };
   auto ffn = [&](const std::vector<R>& y) {
     auto h = linear_ref(y, rows, E, w.at("ffn.0.weight"), optional(w, "ffn.0.bias"), round);
-    for (R& t : h)
-      t = c.act == alibi::activation::gelu
-              ? R(0.5) * t * (R(1) + std::erf(t / std::sqrt(R(2))))
-              : R(0.5) * t *
-                    (R(1) + std::tanh(std::sqrt(R(2) / R(3.14159265358979323846)) *
-                                      (t + R(0.044715) * t * t * t)));
-    for (R& t : h) t = round(t);
+    if (c.ffn == alibi::ffn_type::gated) {
+      const auto g =
+          linear_ref(y, rows, E, w.at("ffn.gate.weight"), optional(w, "ffn.gate.bias"), round);
+      for (std::size_t i = 0; i < h.size(); ++i)
+        h[i] = round(round(activation_ref(c.act, g[i])) * h[i]);
+    } else {
+      for (R& t : h) t = round(activation_ref(c.act, t));
+    }
     return linear_ref(h, rows, c.ff_dim, w.at("ffn.2.weight"), optional(w, "ffn.2.bias"), round);
   };
   std::vector<R> out = x;
   if (c.norm == alibi::norm_position::post) {
     const auto a = mha_ref(c.attention, w, "self_attn.", x, x, x, B, L, L, m, round, kv_hook);
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + a[i]);
-    layer_norm_ref(out, rows, E, w.at("norm1.weight"), w.at("norm1.bias"), eps, round);
+    layer_norm_ref(out, "norm1");
     const auto f = ffn(out);
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + f[i]);
-    layer_norm_ref(out, rows, E, w.at("norm2.weight"), w.at("norm2.bias"), eps, round);
+    layer_norm_ref(out, "norm2");
   } else {
     std::vector<R> n = x;
-    layer_norm_ref(n, rows, E, w.at("norm1.weight"), w.at("norm1.bias"), eps, round);
+    layer_norm_ref(n, "norm1");
     const auto a = mha_ref(c.attention, w, "self_attn.", n, n, n, B, L, L, m, round, kv_hook);
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + a[i]);
     n = out;
-    layer_norm_ref(n, rows, E, w.at("norm2.weight"), w.at("norm2.bias"), eps, round);
+    layer_norm_ref(n, "norm2");
     const auto f = ffn(n);
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = round(out[i] + f[i]);
   }

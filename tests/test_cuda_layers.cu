@@ -161,14 +161,13 @@ void check_mha(bool cross) {
   require_close<T>(got, ref, naive);
 }
 
+/// The layer lc (its norm placement and kind, FFN and activation) at 128 features.
 template <class T>
-void check_layer(alibi::norm_position norm) {
-  alibi::layer_config lc;
+void check_layer(alibi::layer_config lc) {
   lc.attention.embed_dim = 128;
   lc.attention.q_heads = 4;
   lc.attention.kv_heads = 2;
   lc.ff_dim = 256;
-  lc.norm = norm;
   alibi::transformer_layer<T, gpu> layer(lc, gpu{});
   const auto& c = layer.config();
   const weight_map w = rounded<T>(random_weights(layer, 9));
@@ -258,10 +257,24 @@ TEST_CASE("cuda layers: multi_head_attention matches the reference", "[cuda][lay
 }
 
 TEST_CASE("cuda layers: transformer_layer matches the reference and the CPU", "[cuda][layers]") {
-  SECTION("float, post-norm") { check_layer<float>(alibi::norm_position::post); }
-  SECTION("float, pre-norm") { check_layer<float>(alibi::norm_position::pre); }
-  SECTION("bfloat16, post-norm") { check_layer<__nv_bfloat16>(alibi::norm_position::post); }
-  SECTION("half, pre-norm") { check_layer<__half>(alibi::norm_position::pre); }
+  alibi::layer_config post, pre;
+  post.norm = alibi::norm_position::post;
+  pre.norm = alibi::norm_position::pre;
+  SECTION("float, post-norm") { check_layer<float>(post); }
+  SECTION("float, pre-norm") { check_layer<float>(pre); }
+  SECTION("bfloat16, post-norm") { check_layer<__nv_bfloat16>(post); }
+  SECTION("half, pre-norm") { check_layer<__half>(pre); }
+}
+
+TEST_CASE("cuda layers: the model families' options (RMSNorm, gated SiLU, no norm bias)",
+          "[cuda][layers]") {
+  alibi::layer_config baichuan = alibi::families::baichuan(128, 4, 256, 1).layer;
+  alibi::layer_config mpt = alibi::families::mpt(128, 4, 1).layer;
+  alibi::layer_config falcon = alibi::families::falcon_rw(128, 4, 1).layer;
+  SECTION("float, Baichuan-style") { check_layer<float>(baichuan); }
+  SECTION("bfloat16, Baichuan-style") { check_layer<__nv_bfloat16>(baichuan); }
+  SECTION("float, MPT-style") { check_layer<float>(mpt); }
+  SECTION("half, Falcon-RW-style") { check_layer<__half>(falcon); }
 }
 
 TEST_CASE("cuda layers: prefill + decode steps equal the full causal forward",

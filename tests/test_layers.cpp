@@ -225,6 +225,90 @@ TEST_CASE("transformer_layer matches the double-precision reference", "[layers]"
       }
 }
 
+TEST_CASE("transformer_layer: RMSNorm, gated FFN, SiLU, LayerNorm without bias", "[layers]") {
+  struct variant {
+    const char* name;
+    alibi::norm_type kind;
+    bool norm_bias;
+    alibi::ffn_type ffn;
+    alibi::activation act;
+  };
+  const variant variants[] = {{"RMSNorm, gated SiLU", alibi::norm_type::rms_norm, false,
+                               alibi::ffn_type::gated, alibi::activation::silu},
+                              {"LayerNorm without bias, gelu", alibi::norm_type::layer_norm, false,
+                               alibi::ffn_type::mlp, alibi::activation::gelu},
+                              {"LayerNorm, plain SiLU", alibi::norm_type::layer_norm, true,
+                               alibi::ffn_type::mlp, alibi::activation::silu},
+                              {"LayerNorm, gated gelu_tanh", alibi::norm_type::layer_norm, true,
+                               alibi::ffn_type::gated, alibi::activation::gelu_tanh}};
+  for (const variant& v : variants)
+    for (auto norm : {alibi::norm_position::post, alibi::norm_position::pre})
+      DYNAMIC_SECTION(
+          v.name << (norm == alibi::norm_position::post ? ", post-norm" : ", pre-norm")) {
+        alibi::layer_config lc;
+        lc.attention.embed_dim = 40;
+        lc.attention.q_heads = 5;
+        lc.ff_dim = 72;
+        lc.norm = norm;
+        lc.norm_kind = v.kind;
+        lc.norm_bias = v.norm_bias;
+        lc.ffn = v.ffn;
+        lc.act = v.act;
+        alibi::transformer_layer<float, cpu> layer(lc, cpu{2});
+        const auto& c = layer.config();
+        const weight_map w = random_weights(layer, 12);
+        // The parameters the options imply, and no others.
+        REQUIRE(w.count("ffn.gate.weight") == (v.ffn == alibi::ffn_type::gated ? 1u : 0u));
+        REQUIRE(w.count("norm1.bias") == (v.norm_bias ? 1u : 0u));
+        set_all(layer, w);
+        const index_t B = 2, L = 33, E = 40;
+        mask_args m;
+        m.causal = true;
+        m.q_len = m.k_len = {33, 9};
+        // Large inputs: the SiLU of a very negative pre-activation must be -0, not NaN.
+        auto x = randn(B * L * E, 6);
+        x[7] = -300.0f;
+        const padded_rows xp(x, B, L, E, m.q_len);
+        guarded_out out(B, L, E);
+        std::vector<index_t> qs, ks;
+        layer.forward(xp.view(), out.view(), options_for(m, qs, ks));
+        const auto ref = layer_ref<double>(c, w, cast_vector<double>(x), B, L, m);
+        const auto naive = layer_ref<float>(c, w, x, B, L, m);
+        REQUIRE(out.guards_intact());
+        require_close(out.dense(), ref, naive);
+      }
+}
+
+TEST_CASE("norm_layer: LayerNorm and RMSNorm rows match the reference, in place too", "[layers]") {
+  for (auto kind : {alibi::norm_type::layer_norm, alibi::norm_type::rms_norm})
+    for (bool bias : {true, false})
+      DYNAMIC_SECTION((kind == alibi::norm_type::rms_norm ? "RMSNorm" : "LayerNorm")
+                      << (bias ? ", bias" : ", no bias")) {
+        alibi::norm_layer<float, cpu> n({24, kind, bias, 1e-6f}, cpu{2});
+        REQUIRE(n.parameters().size() == (bias && kind == alibi::norm_type::layer_norm ? 2u : 1u));
+        const weight_map w = random_weights(n, 4);
+        set_all(n, w);
+        const index_t B = 3, L = 7, E = 24;
+        const auto x = randn(B * L * E, 2);
+        const padded_rows xp(x, B, L, E);
+        guarded_out out(B, L, E);
+        n.forward(xp.view(), out.view());
+        std::vector<double> ref = cast_vector<double>(x);
+        std::vector<float> naive = x;
+        const bool rms = kind == alibi::norm_type::rms_norm;
+        norm_ref(ref, B * L, E, w.at("weight"), optional(w, "bias"), 1e-6, rms);
+        norm_ref(naive, B * L, E, w.at("weight"), optional(w, "bias"), 1e-6f, rms);
+        REQUIRE(out.guards_intact());
+        require_close(out.dense(), ref, naive);
+        std::vector<float> inplace = x;
+        const auto v = alibi::make_view(inplace.data(), B, L, E);
+        n.forward(v, v);
+        REQUIRE(inplace == out.dense());
+      }
+  REQUIRE_THROWS_WITH((alibi::norm_layer<float, cpu>({0})),
+                      Catch::Contains("config.dim must be > 0"));
+}
+
 TEST_CASE("transformer_layer works in place (out = x)", "[layers]") {
   alibi::layer_config lc;
   lc.attention.embed_dim = 32;

@@ -321,6 +321,51 @@ TEST_CASE("multi_head_attention backward matches finite differences (double, ref
   }
 }
 
+namespace {
+
+/// Finite differences of a transformer_layer<double, reference> of `lc` (its attention, ff_dim
+/// and ffn_bias set here from the variant): 0 = 4 heads, bidirectional; 1 = GQA 4/2, causal,
+/// lengths {6, 4}, a key padding mask.
+void check_layer_fd(alibi::layer_config lc, int variant) {
+  lc.attention = mha(16, 4, variant ? 2 : 0, true);
+  lc.ff_dim = 24;
+  lc.ffn_bias = variant == 0;
+  alibi::transformer_layer<double, ref> layer(lc);
+  set_all(layer, quantized_weights(layer, 31 + static_cast<unsigned>(variant)));
+  const index_t B = 2, L = 6, E = 16;
+  call_options c;
+  c.B = B;
+  c.Lk = L;
+  if (variant) {
+    c.causal = true;
+    c.q_len = c.k_len = {6, 4};
+    c.key_pad = {0, 0, 1, 0, 0, 0, /* batch 1 */ 1, 0, 0, 0, 0, 0};
+  }
+  const alibi::forward_options opt = c.make();
+  std::vector<double> x = input_rows<double>(B, L, E, 13, max_lengths(c, B, L));
+  std::vector<double> dy = input_rows<double>(B, L, E, 14, c.q_len);
+  std::vector<double> dy0 = dy;
+  for (double& t : dy0) t = std::isnan(t) ? 0.0 : t;
+  std::vector<double> out(x.size()), dx(x.size());
+  decltype(layer)::activations saved;
+  layer.forward_train(cview(x, B, L, E), mview(out, B, L, E), saved, opt);
+  alibi::parameter_gradients<double> g;
+  layer.backward(cview(dy, B, L, E), saved, mview(dx, B, L, E), g);
+  REQUIRE(g.size() == layer.parameters().size());
+  require_zero_rows(dx, B, L, E, max_lengths(c, B, L));
+  auto loss = [&] {
+    std::vector<double> o(x.size());
+    layer.forward(cview(x, B, L, E), mview(o, B, L, E), opt);
+    return dot_loss(dy0, o, B, L, E, c);
+  };
+  std::vector<fd_result> results;
+  fd_parameters(layer, loss, g, results);
+  fd_input("dx", x, dx, loss, results);
+  require_fd_close(results);
+}
+
+}  // namespace
+
 TEST_CASE("transformer_layer backward matches finite differences (double, reference)",
           "[layers-backward]") {
   for (auto norm : {alibi::norm_position::post, alibi::norm_position::pre})
@@ -331,44 +376,51 @@ TEST_CASE("transformer_layer backward matches finite differences (double, refere
                         << (variant ? ", GQA 4/2, causal, lengths {6, 4}, key padding mask"
                                     : ", 4 heads, bidirectional")) {
           alibi::layer_config lc;
-          lc.attention = mha(16, 4, variant ? 2 : 0, true);
-          lc.ff_dim = 24;
           lc.norm = norm;
           lc.act = act;
-          lc.ffn_bias = variant == 0;
-          alibi::transformer_layer<double, ref> layer(lc);
-          set_all(layer, quantized_weights(layer, 31 + static_cast<unsigned>(variant)));
-          const index_t B = 2, L = 6, E = 16;
-          call_options c;
-          c.B = B;
-          c.Lk = L;
-          if (variant) {
-            c.causal = true;
-            c.q_len = c.k_len = {6, 4};
-            c.key_pad = {0, 0, 1, 0, 0, 0, /* batch 1 */ 1, 0, 0, 0, 0, 0};
-          }
-          const alibi::forward_options opt = c.make();
-          std::vector<double> x = input_rows<double>(B, L, E, 13, max_lengths(c, B, L));
-          std::vector<double> dy = input_rows<double>(B, L, E, 14, c.q_len);
-          std::vector<double> dy0 = dy;
-          for (double& t : dy0) t = std::isnan(t) ? 0.0 : t;
-          std::vector<double> out(x.size()), dx(x.size());
-          decltype(layer)::activations saved;
-          layer.forward_train(cview(x, B, L, E), mview(out, B, L, E), saved, opt);
-          alibi::parameter_gradients<double> g;
-          layer.backward(cview(dy, B, L, E), saved, mview(dx, B, L, E), g);
-          REQUIRE(g.size() == layer.parameters().size());
-          require_zero_rows(dx, B, L, E, max_lengths(c, B, L));
-          auto loss = [&] {
-            std::vector<double> o(x.size());
-            layer.forward(cview(x, B, L, E), mview(o, B, L, E), opt);
-            return dot_loss(dy0, o, B, L, E, c);
-          };
-          std::vector<fd_result> results;
-          fd_parameters(layer, loss, g, results);
-          fd_input("dx", x, dx, loss, results);
-          require_fd_close(results);
+          check_layer_fd(lc, variant);
         }
+}
+
+namespace {
+
+/// The model families' layer options: RMSNorm, the gated FFN, SiLU, LayerNorm without bias.
+std::vector<std::pair<std::string, alibi::layer_config>> family_variants() {
+  std::vector<std::pair<std::string, alibi::layer_config>> out;
+  for (auto norm : {alibi::norm_position::post, alibi::norm_position::pre}) {
+    const std::string where = norm == alibi::norm_position::post ? "post-norm" : "pre-norm";
+    alibi::layer_config c;
+    c.norm = norm;
+    c.norm_kind = alibi::norm_type::rms_norm;
+    c.ffn = alibi::ffn_type::gated;
+    c.act = alibi::activation::silu;
+    out.push_back({where + ", RMSNorm, gated SiLU (Baichuan)", c});
+    c = {};
+    c.norm = norm;
+    c.norm_bias = false;
+    out.push_back({where + ", LayerNorm without bias, gelu (MPT)", c});
+    c = {};
+    c.norm = norm;
+    c.act = alibi::activation::silu;
+    out.push_back({where + ", plain FFN, SiLU", c});
+    c = {};
+    c.norm = norm;
+    c.ffn = alibi::ffn_type::gated;
+    c.act = alibi::activation::gelu_tanh;
+    out.push_back({where + ", LayerNorm, gated gelu_tanh", c});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("transformer_layer backward of the family options matches finite differences",
+          "[layers-backward]") {
+  for (const auto& [name, lc] : family_variants())
+    for (int variant : {0, 1})
+      DYNAMIC_SECTION(name << (variant ? ", GQA, causal, padding" : ", bidirectional")) {
+        check_layer_fd(lc, variant);
+      }
 }
 
 namespace {
@@ -422,72 +474,78 @@ layer_run run_layer(const alibi::layer_config& lc, const weight_map& w, const Ba
 
 TEST_CASE("transformer_layer backward: eigen (fp32) matches the reference (double)",
           "[layers-backward]") {
+  std::vector<std::pair<std::string, alibi::layer_config>> configs = family_variants();
   for (auto norm : {alibi::norm_position::post, alibi::norm_position::pre})
-    for (auto act : {alibi::activation::gelu, alibi::activation::gelu_tanh})
-      DYNAMIC_SECTION((norm == alibi::norm_position::post ? "post-norm" : "pre-norm")
-                      << (act == alibi::activation::gelu ? ", gelu" : ", gelu_tanh")) {
-        alibi::layer_config lc;
-        lc.attention = mha(64, 8, 2, true);
-        lc.ff_dim = 96;
-        lc.norm = norm;
-        lc.act = act;
-        alibi::transformer_layer<double, ref> probe(lc);
-        const weight_map w = random_weights(probe, 41);
-        const index_t B = 3, L = 37, E = 64;
-        call_options c;
-        c.B = B;
-        c.Lk = L;
-        c.causal = true;
-        c.q_len = c.k_len = {37, 20, 1};
-        const auto x = randn(B * L * E, 42);
-        const auto dy = randn(B * L * E, 43);
-        const layer_run fast = run_layer(lc, w, cpu{2}, x, dy, B, L, c);
+    for (auto act : {alibi::activation::gelu, alibi::activation::gelu_tanh}) {
+      alibi::layer_config c;
+      c.norm = norm;
+      c.act = act;
+      configs.push_back(
+          {std::string(norm == alibi::norm_position::post ? "post-norm" : "pre-norm") +
+               (act == alibi::activation::gelu ? ", gelu" : ", gelu_tanh"),
+           c});
+    }
+  for (const auto& [name, config] : configs) DYNAMIC_SECTION(name) {
+      alibi::layer_config lc = config;
+      lc.attention = mha(64, 8, 2, true);
+      lc.ff_dim = 96;
+      alibi::transformer_layer<double, ref> probe(lc);
+      const weight_map w = random_weights(probe, 41);
+      const index_t B = 3, L = 37, E = 64;
+      call_options c;
+      c.B = B;
+      c.Lk = L;
+      c.causal = true;
+      c.q_len = c.k_len = {37, 20, 1};
+      const auto x = randn(B * L * E, 42);
+      const auto dy = randn(B * L * E, 43);
+      const layer_run fast = run_layer(lc, w, cpu{2}, x, dy, B, L, c);
 
-        // The oracle: the same layer in double (reference backend: double GEMMs, the
-        // double-precision attention backward).
-        alibi::transformer_layer<double, ref> layer(lc);
-        set_all(layer, w);
-        std::vector<double> xd(x.begin(), x.end()), dyd(dy.begin(), dy.end());
-        std::vector<double> out(xd.size()), dx(xd.size());
-        decltype(layer)::activations saved;
-        layer.forward_train(cview(xd, B, L, E), mview(out, B, L, E), saved, c.make());
-        alibi::parameter_gradients<double> g;
-        layer.backward(cview(dyd, B, L, E), saved, mview(dx, B, L, E), g);
+      // The oracle: the same layer in double (reference backend: double GEMMs, the
+      // double-precision attention backward).
+      alibi::transformer_layer<double, ref> layer(lc);
+      set_all(layer, w);
+      std::vector<double> xd(x.begin(), x.end()), dyd(dy.begin(), dy.end());
+      std::vector<double> out(xd.size()), dx(xd.size());
+      decltype(layer)::activations saved;
+      layer.forward_train(cview(xd, B, L, E), mview(out, B, L, E), saved, c.make());
+      alibi::parameter_gradients<double> g;
+      layer.backward(cview(dyd, B, L, E), saved, mview(dx, B, L, E), g);
 
-        // Tolerance. fp32 rounds each operation with u = 2^-24 = 6e-8; a gradient here is a
-        // chain of about 8 stages (LayerNorm, two FFN GEMMs, the activation, LayerNorm, the
-        // output projection, the attention backward, the input projections), each a sum of
-        // at most n = max(rows, ff_dim) = 111 terms. Rounding errors of independent terms
-        // add like a random walk: about stages x sqrt(n) x u = 5e-6 relative to the
-        // magnitude of the terms (the worst case, stages x n x u = 5e-5, needs every
-        // rounding in the same direction). Gradients summed over rows (dW, db) can be
-        // smaller than their terms, so the error is measured relative to the largest
-        // gradient of the same kind in the call (weight matrices; vectors; dx). 2e-5 is 4x
-        // the random-walk estimate (measured: below 5e-7); a wrong formula is off by O(1).
-        auto compare = [](const std::string& name, const std::vector<float>& got,
-                          const std::vector<double>& want, double scale) {
-          double err = 0;
-          bool nan = false;
-          for (std::size_t i = 0; i < want.size(); ++i) {
-            nan = nan || std::isnan(got[i]);
-            err = std::max(err, std::fabs(got[i] - want[i]));
-          }
-          INFO(name << ": max |eigen - reference| = " << err << ", scale " << scale << ", relative "
-                    << err / scale);
-          REQUIRE_FALSE(nan);
-          CHECK(err <= 2e-5 * scale);
-        };
-        double weight_scale = 0, vector_scale = 0, dx_scale = 0;
-        for (const auto& e : g)
-          for (double v : e.values)
-            (e.shape.size() == 2 ? weight_scale : vector_scale) =
-                std::max(e.shape.size() == 2 ? weight_scale : vector_scale, std::fabs(v));
-        for (double v : dx) dx_scale = std::max(dx_scale, std::fabs(v));
-        for (const auto& e : g)
-          compare(e.name, fast.grads[e.name], e.values,
-                  e.shape.size() == 2 ? weight_scale : vector_scale);
-        compare("dx", fast.dx, dx, dx_scale);
-      }
+      // Tolerance. fp32 rounds each operation with u = 2^-24 = 6e-8; a gradient here is a
+      // chain of about 8 stages (LayerNorm, two FFN GEMMs, the activation, LayerNorm, the
+      // output projection, the attention backward, the input projections), each a sum of
+      // at most n = max(rows, ff_dim) = 111 terms. Rounding errors of independent terms
+      // add like a random walk: about stages x sqrt(n) x u = 5e-6 relative to the
+      // magnitude of the terms (the worst case, stages x n x u = 5e-5, needs every
+      // rounding in the same direction). Gradients summed over rows (dW, db) can be
+      // smaller than their terms, so the error is measured relative to the largest
+      // gradient of the same kind in the call (weight matrices; vectors; dx). 2e-5 is 4x
+      // the random-walk estimate (measured: below 5e-7); a wrong formula is off by O(1).
+      auto compare = [](const std::string& name, const std::vector<float>& got,
+                        const std::vector<double>& want, double scale) {
+        double err = 0;
+        bool nan = false;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          nan = nan || std::isnan(got[i]);
+          err = std::max(err, std::fabs(got[i] - want[i]));
+        }
+        INFO(name << ": max |eigen - reference| = " << err << ", scale " << scale << ", relative "
+                  << err / scale);
+        REQUIRE_FALSE(nan);
+        CHECK(err <= 2e-5 * scale);
+      };
+      double weight_scale = 0, vector_scale = 0, dx_scale = 0;
+      for (const auto& e : g)
+        for (double v : e.values)
+          (e.shape.size() == 2 ? weight_scale : vector_scale) =
+              std::max(e.shape.size() == 2 ? weight_scale : vector_scale, std::fabs(v));
+      for (double v : dx) dx_scale = std::max(dx_scale, std::fabs(v));
+      for (const auto& e : g)
+        compare(e.name, fast.grads[e.name], e.values,
+                e.shape.size() == 2 ? weight_scale : vector_scale);
+      compare("dx", fast.dx, dx, dx_scale);
+    }
 }
 
 TEST_CASE("layers backward: results do not depend on the thread count (bitwise)",

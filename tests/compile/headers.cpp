@@ -3,8 +3,8 @@
 // covers (g++ and clang++, C++17 and C++20) at -Wall -Wextra -Wpedantic -Werror, with Eigen
 // as a system include: <alibi/alibi.hpp> and the templates a CPU user instantiates first
 // (attention on both host backends with fp32 and half-precision K/V, the Eigen adapters,
-// safetensors, a Transformer layer with fp32 and fp16 KV caches) must compile warning-free
-// everywhere. Also compiled with -fno-exceptions and ALIBI_THROW defined.
+// safetensors, a Transformer layer with fp32 and fp16 KV caches, a model family's layer and
+// norm) must compile warning-free everywhere. Also compiled with -fno-exceptions and ALIBI_THROW defined.
 #include <vector>
 
 #include <alibi/alibi.hpp>
@@ -57,4 +57,16 @@ void layer_and_checkpoint(const std::vector<unsigned char>& bytes, std::vector<f
   auto cache16 =
       alibi::kv_cache<float, alibi::backend::eigen, Eigen::half>::for_module(layer, 1, 8);
   layer.forward(xv, xv, cache16, alibi::forward_options{});
+}
+
+void model_family(const std::vector<unsigned char>& bytes, std::vector<float>& x) {
+  const auto file = alibi::safetensors::parse(bytes);
+  const alibi::model_family f = alibi::families::from_config("{\"model_type\": \"bloom\"}");
+  alibi::transformer_layer<float, alibi::backend::eigen> layer(f.layer, alibi::backend::eigen{1});
+  alibi::load_family_layer(layer, file, f, 0);
+  alibi::norm_layer<float, alibi::backend::eigen> norm(f.norm());
+  alibi::load_parameters(norm, file, alibi::family_root(file, f) + f.final_norm + ".");
+  const auto xv = alibi::make_view(x.data(), index_t{1}, index_t{4}, index_t{16});
+  layer.forward(xv, xv);
+  norm.forward(xv, xv);
 }

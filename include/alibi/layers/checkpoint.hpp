@@ -1,11 +1,22 @@
 // SPDX-License-Identifier: MIT
-// Loading and saving a module's parameters through safetensors files.
+// Loading and saving a module's parameters through safetensors files; the Hugging Face
+// checkpoints of the ALiBi model families (families.hpp) and their config.json files.
 #pragma once
 
+#include <array>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <set>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "alibi/error.hpp"
+#include "alibi/layers/families.hpp"
 #include "alibi/layers/ops.hpp"
+#include "alibi/layers/transformer_layer.hpp"
 #include "alibi/safetensors.hpp"
 
 namespace alibi {
@@ -46,6 +57,278 @@ void load_parameters(Module& module, const sharded_safetensors& file,
                      const std::string& prefix = "") {
   detail::load_parameters_from<Isa>(module, file, prefix);
 }
+
+namespace detail {
+
+/// The q, k and v parts of a packed projection tensor of `rows_per_feature` values per
+/// output feature (the weight's embed_dim, or 1 for the bias), row-major.
+inline std::array<std::vector<float>, 3> split_qkv(qkv_packing packing,
+                                                   const std::vector<float>& packed,
+                                                   index_t row_len, index_t q_heads,
+                                                   index_t kv_heads, index_t head_dim) {
+  std::array<std::vector<float>, 3> parts;
+  const index_t counts[3] = {q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim};
+  for (int s = 0; s < 3; ++s) parts[s].resize(static_cast<std::size_t>(counts[s] * row_len));
+  auto copy_row = [&](index_t from, int s, index_t to) {
+    std::copy_n(packed.begin() + from * row_len, row_len, parts[s].begin() + to * row_len);
+  };
+  if (packing == qkv_packing::concatenated) {
+    // Rows [0, nq) are q, [nq, nq + nkv) k, then v.
+    index_t from = 0;
+    for (int s = 0; s < 3; ++s)
+      for (index_t r = 0; r < counts[s]; ++r) copy_row(from++, s, r);
+  } else {
+    // Head h's rows: q (head_dim rows), k, v; the (heads, 3, head_dim) view of the features.
+    for (index_t h = 0; h < q_heads; ++h)
+      for (int s = 0; s < 3; ++s)
+        for (index_t d = 0; d < head_dim; ++d)
+          copy_row((h * 3 + s) * head_dim + d, s, h * head_dim + d);
+  }
+  return parts;
+}
+
+/// The first root under which `file` holds layer 0's first projection of `family`: the
+/// family's own root, then "", "transformer.", "model.", "base_model.model." (PEFT).
+template <class File>
+std::string family_root(const File& file, const model_family& family, const char* fn) {
+  const checkpoint_names& n = family.names;
+  const std::string probe = (n.packing == qkv_packing::separate ? n.q : n.qkv) + ".weight";
+  std::vector<std::string> roots = {family.root, "", "transformer.", "model.", "base_model.model."};
+  std::string tried;
+  for (const std::string& r : roots) {
+    if (file.contains(family.layer_prefix(0, r) + probe)) return r;
+    tried += (tried.empty() ? "'" : ", '") + family.layer_prefix(0, r) + probe + "'";
+  }
+  detail::raise(error(std::string(fn) + ": " + file.origin() + " holds no " + family.name +
+                      " layer: none of " + tried + " is in it"));
+}
+
+template <class Isa, class T, class Backend, class File>
+void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& file,
+                            const model_family& family, index_t index, const char* fn) {
+  const std::string f = fn;
+  const layer_config& c = layer.config();
+  const mha_config& a = c.attention;
+  const checkpoint_names& n = family.names;
+  if (index < 0 || (family.num_layers > 0 && index >= family.num_layers))
+    detail::raise(error(f + ": layer index " + str(index) + " is outside [0, " +
+                        str(family.num_layers) + ") (" + family.name + " layers)"));
+  if (c.ffn == ffn_type::gated && n.gate.empty())
+    detail::raise(error(f + ": the layer has a gated FFN but " + family.name +
+                        " checkpoints name no gate projection (names.gate)"));
+  if (n.packing == qkv_packing::per_head && a.q_heads != a.kv_heads)
+    detail::raise(error(f + ": per-head packed q/k/v (" + family.name +
+                        ") needs q_heads == kv_heads, the layer has " + str(a.q_heads) + " and " +
+                        str(a.kv_heads)));
+  const std::string prefix = family.layer_prefix(index, family_root(file, family, fn));
+  std::set<std::string> wanted;
+  for (const parameter_info& p : layer.parameters()) wanted.insert(p.name);
+  std::set<std::string> loaded;
+  auto shape_of = [&](const std::string& name) {
+    for (const parameter_info& p : layer.parameters())
+      if (p.name == name) return p.shape;
+    return std::vector<index_t>{};
+  };
+  // The tensor `name` of the checkpoint, which must have `shape`.
+  auto read = [&](const std::string& name, const std::vector<index_t>& shape) {
+    if (!file.contains(name))
+      detail::raise(error(f + ": " + file.origin() + " has no tensor '" + name +
+                          "' (expected shape " + shape_text(shape) + ")"));
+    const safetensors::tensor_info& t = file.info(name);
+    if (t.shape != shape)
+      detail::raise(error(f + ": tensor '" + name + "' in " + file.origin() + " has shape " +
+                          shape_text(t.shape) + ", expected " + shape_text(shape)));
+    return file.template to_float<Isa>(name);
+  };
+  // One checkpoint tensor onto one parameter (weight and, if the layer has it, bias).
+  auto direct = [&](const std::string& from, const std::string& to) {
+    for (const char* suffix : {".weight", ".bias"}) {
+      const std::string target = to + suffix;
+      if (!wanted.count(target)) continue;
+      const std::vector<index_t> shape = shape_of(target);
+      layer.set(target, read(prefix + from + suffix, shape).data(), shape);
+      loaded.insert(target);
+    }
+  };
+  const std::string attn = "self_attn.";
+  if (n.packing == qkv_packing::separate) {
+    direct(n.q, attn + "q_proj");
+    direct(n.k, attn + "k_proj");
+    direct(n.v, attn + "v_proj");
+  } else {
+    const index_t packed = (a.q_heads + 2 * a.kv_heads) * a.head_dim;
+    const char* targets[3] = {"q_proj", "k_proj", "v_proj"};
+    for (const char* suffix : {".weight", ".bias"}) {
+      if (!wanted.count(attn + "q_proj" + suffix)) continue;
+      const bool weight = suffix[1] == 'w';
+      const index_t row_len = weight ? a.embed_dim : 1;
+      const std::vector<index_t> shape =
+          weight ? std::vector<index_t>{packed, a.embed_dim} : std::vector<index_t>{packed};
+      const auto parts = split_qkv(n.packing, read(prefix + n.qkv + suffix, shape), row_len,
+                                   a.q_heads, a.kv_heads, a.head_dim);
+      for (int s = 0; s < 3; ++s) {
+        const std::string target = attn + targets[s] + suffix;
+        layer.set(target, parts[static_cast<std::size_t>(s)].data(), shape_of(target));
+        loaded.insert(target);
+      }
+    }
+  }
+  direct(n.out, attn + "out_proj");
+  direct(n.norm1, "norm1");
+  direct(n.norm2, "norm2");
+  direct(n.up, "ffn.0");
+  if (c.ffn == ffn_type::gated) direct(n.gate, "ffn.gate");
+  direct(n.down, "ffn.2");
+  for (const std::string& w : wanted)
+    if (!loaded.count(w))
+      detail::raise(
+          error(f + ": the " + family.name + " names set no tensor for parameter '" + w + "'"));
+}
+
+/// Typed reads of config.json fields: the first of `keys` present (a missing field, or one
+/// of another type, is an alibi::error naming it; nothing throws a JSON exception).
+struct config_reader {
+  const nlohmann::json& j;
+  std::string model;
+
+  const nlohmann::json* find(const nlohmann::json& o, std::initializer_list<const char*> keys,
+                             std::string& names) const {
+    for (const char* k : keys) {
+      names += (names.empty() ? "'" : "' or '") + std::string(k);
+      if (o.is_object() && o.contains(k) && !o.at(k).is_null()) return &o.at(k);
+    }
+    names += "'";
+    return nullptr;
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    detail::raise(error("alibi::families::from_config: the " + model + " config's " + what));
+  }
+  index_t integer(std::initializer_list<const char*> keys) const {
+    std::string names;
+    const nlohmann::json* v = find(j, keys, names);
+    if (v == nullptr) fail(names + " is missing");
+    if (!v->is_number_integer()) fail(names + " must be an integer");
+    return v->get<index_t>();
+  }
+  float real(const nlohmann::json& o, const char* key, float fallback) const {
+    std::string names;
+    const nlohmann::json* v = find(o, {key}, names);
+    if (v == nullptr) return fallback;
+    if (!v->is_number()) fail(names + " must be a number");
+    return v->get<float>();
+  }
+  bool flag(const nlohmann::json& o, const char* key, bool fallback) const {
+    std::string names;
+    const nlohmann::json* v = find(o, {key}, names);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) fail(names + " must be true or false");
+    return v->get<bool>();
+  }
+  std::string text(const nlohmann::json& o, const char* key, const std::string& fallback) const {
+    std::string names;
+    const nlohmann::json* v = find(o, {key}, names);
+    if (v == nullptr) return fallback;
+    if (!v->is_string()) fail(names + " must be a string");
+    return v->get<std::string>();
+  }
+};
+
+}  // namespace detail
+
+/// Sets every parameter of `layer` (a transformer_layer built with family.layer) from layer
+/// `index` of a checkpoint of `family`: packed q/k/v tensors are split, the family's names
+/// mapped onto the layer's. The tensors' root is found in the file (family.root, "",
+/// "transformer.", "model." or "base_model.model."). A missing tensor or one of another
+/// shape is an alibi::error naming it.
+template <class T, class Backend, class Isa = detail::isa_tag>
+void load_family_layer(transformer_layer<T, Backend>& layer, const safetensors& file,
+                       const model_family& family, index_t index) {
+  detail::load_family_layer_from<Isa>(layer, file, family, index, "alibi::load_family_layer");
+}
+/// The same from a sharded checkpoint (model.safetensors.index.json).
+template <class T, class Backend, class Isa = detail::isa_tag>
+void load_family_layer(transformer_layer<T, Backend>& layer, const sharded_safetensors& file,
+                       const model_family& family, index_t index) {
+  detail::load_family_layer_from<Isa>(layer, file, family, index, "alibi::load_family_layer");
+}
+
+/// The root under which `file` (safetensors or sharded_safetensors) holds `family`'s
+/// tensors: the model's own tensors are root + family.final_norm + ".weight", and so on.
+template <class File>
+std::string family_root(const File& file, const model_family& family) {
+  return detail::family_root(file, family, "alibi::family_root");
+}
+
+namespace families {
+
+/// The family and sizes of a Hugging Face config.json's text: model_type "bloom", "mpt",
+/// "baichuan" (the 13B models; the 7B ones use rotary embeddings and are refused), "falcon"
+/// or "RefinedWeb" (ALiBi Falcon-RW models: alibi true, parallel_attn false, multi_query
+/// false, new_decoder_architecture false; others are refused). A model that is not an ALiBi
+/// model of these families, or a missing field, is an alibi::error naming it.
+inline model_family from_config(const std::string& config_json) {
+  const nlohmann::json j = nlohmann::json::parse(config_json, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    detail::raise(error("alibi::families::from_config: the text is not a JSON object"));
+  if (!j.contains("model_type") || !j.at("model_type").is_string())
+    detail::raise(error("alibi::families::from_config: the config has no model_type"));
+  const std::string type = j.at("model_type").get<std::string>();
+  const detail::config_reader r{j, type};
+  if (type == "bloom")
+    return bloom(
+        r.integer({"hidden_size", "n_embed"}), r.integer({"n_head", "num_attention_heads"}),
+        r.integer({"n_layer", "num_hidden_layers"}), r.real(j, "layer_norm_epsilon", 1e-5f));
+  if (type == "mpt") {
+    static const nlohmann::json none = nlohmann::json::object();
+    const nlohmann::json& attn = j.contains("attn_config") ? j.at("attn_config") : none;
+    if (!r.flag(attn, "alibi", false))
+      r.fail("attn_config.alibi is not true: the model does not use ALiBi");
+    const std::string attn_type = r.text(attn, "attn_type", "multihead_attention");
+    index_t kv = 0;  // multi-head
+    if (attn_type == "multiquery_attention") kv = 1;
+    if (attn_type == "grouped_query_attention")
+      kv = detail::config_reader{attn, type}.integer({"kv_n_heads"});
+    return mpt(r.integer({"d_model"}), r.integer({"n_heads"}), r.integer({"n_layers"}),
+               j.contains("expansion_ratio") ? r.integer({"expansion_ratio"}) : 4, kv,
+               r.flag(j, "no_bias", false), r.real(attn, "alibi_bias_max", 8.0f));
+  }
+  if (type == "baichuan") {
+    const index_t hidden = r.integer({"hidden_size"});
+    if (hidden == 4096)
+      r.fail(
+          "hidden_size is 4096: Baichuan's 7B models use rotary position embeddings, not "
+          "ALiBi");
+    return baichuan(hidden, r.integer({"num_attention_heads"}), r.integer({"intermediate_size"}),
+                    r.integer({"num_hidden_layers"}), r.real(j, "rms_norm_eps", 1e-6f));
+  }
+  if (type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel") {
+    // Missing fields take the defaults of the config class: FalconConfig's parallel_attn and
+    // multi_query are true, the older RWConfig's false.
+    const bool falcon_defaults = type == "falcon";
+    if (!r.flag(j, "alibi", false))
+      r.fail("alibi is not true: the model uses rotary position embeddings");
+    for (const char* k : {"parallel_attn", "multi_query", "new_decoder_architecture"})
+      if (r.flag(j, k, falcon_defaults && k[0] != 'n'))
+        r.fail(std::string(k) +
+               " is true (or missing): not the Falcon-RW layout of "
+               "families::falcon_rw");
+    return falcon_rw(r.integer({"hidden_size", "n_embed"}),
+                     r.integer({"num_attention_heads", "n_head"}),
+                     r.integer({"num_hidden_layers", "n_layer"}), r.flag(j, "bias", false),
+                     r.real(j, "layer_norm_epsilon", 1e-5f));
+  }
+  detail::raise(error("alibi::families::from_config: model_type '" + type +
+                      "' is not an ALiBi family alibi knows (bloom, mpt, baichuan, falcon)"));
+}
+
+/// from_config() of a config.json file.
+inline model_family from_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) detail::raise(error("alibi::families::from_config_file: cannot open " + path));
+  return from_config(std::string(std::istreambuf_iterator<char>(in), {}));
+}
+
+}  // namespace families
 
 /// Adds every parameter of `module` to `writer` as `prefix + name` (F32).
 template <class Module>

@@ -13,8 +13,19 @@
 namespace alibi {
 
 /// The feed-forward activation. `gelu` is PyTorch's nn.GELU() default (exact, with erf), the
-/// one seed 001 uses; `gelu_tanh` is the tanh approximation of BLOOM and GPT-2.
-enum class activation { gelu, gelu_tanh };
+/// one seed 001, MPT and Falcon use; `gelu_tanh` is the tanh approximation of BLOOM and GPT-2;
+/// `silu` is x sigmoid(x) (nn.SiLU), the gate of Baichuan's and LLaMA's SwiGLU.
+enum class activation { gelu, gelu_tanh, silu };
+
+/// The normalization of a Transformer layer. layer_norm: (x - mean) / sqrt(var + eps) gamma
+/// (+ beta), biased variance, as nn.LayerNorm; rms_norm: x / sqrt(mean(x^2) + eps) gamma, no
+/// centering and no bias (Baichuan's and LLaMA's RMSNorm).
+enum class norm_type { layer_norm, rms_norm };
+
+/// The feed-forward network. mlp: down(act(up x + b)) + b (seed 001, BLOOM, MPT, Falcon);
+/// gated: down(act(gate x) * (up x)), the product element-wise (SwiGLU with activation::silu:
+/// Baichuan, LLaMA).
+enum class ffn_type { mlp, gated };
 
 /// Where the LayerNorms sit. post: x = LN1(x + attn(x)); x = LN2(x + ffn(x)) (seed 001,
 /// BERT). pre: x = x + attn(LN1(x)); x = x + ffn(LN2(x)) (BLOOM, MPT, GPT-2).
@@ -38,13 +49,19 @@ struct mha_config {
   std::optional<float> scale{};
 };
 
-/// Shape of a Transformer layer: attention, then a two-layer feed-forward network.
+/// Shape of a Transformer layer: attention, then a feed-forward network. The defaults are
+/// seed 001's layer; alibi::families has the settings of the ALiBi model families.
 struct layer_config {
   mha_config attention{};
   index_t ff_dim = 0;  // 0: 4 * embed_dim
   bool ffn_bias = true;
   activation act = activation::gelu;
+  ffn_type ffn = ffn_type::mlp;
   norm_position norm = norm_position::post;
+  norm_type norm_kind = norm_type::layer_norm;
+  /// LayerNorm's additive parameter (beta). MPT's checkpoints have none; RMSNorm never has
+  /// one, whatever this says.
+  bool norm_bias = true;
   float norm_eps = 1e-5f;  // nn.LayerNorm's default
 };
 

@@ -28,7 +28,9 @@ namespace detail {
 ///   linear(be, x, ldx, rows, in, w, bias, out, y, ldy, accumulate, const activation* act)
 ///       y (rows, out) = act(x (rows, in) w (out, in)^T + bias), or y += x w^T + bias when
 ///       accumulate (act is then null); bias may be null
-///   layer_norm(be, x, ldx, y, ldy, rows, n, gamma, beta, eps)   y may be x
+///   layer_norm(be, x, ldx, y, ldy, rows, n, gamma, beta, eps)   y may be x; beta may be null
+///   rms_norm(be, x, ldx, y, ldy, rows, n, gamma, eps)          y may be x
+///   multiply(be, a, lda, b, ldb, rows, cols)      a *= b element-wise
 ///   copy_rows(be, src, lds, dst, ldd, rows, cols), zero_rows(be, dst, ld, rows, cols)
 ///   per_batch(be, const std::vector<index_t>&, buffer<index_t>& scratch) and
 ///   key_mask(be, host (batch, k_len) view, buffer<bool>& scratch): the views attention()
@@ -149,6 +151,17 @@ void zero_padded_rows(const Backend& be, T* data, index_t ld, index_t seq, index
     if (lengths[b] < seq)
       Ops::zero_rows(be, data + (static_cast<index_t>(b) * seq + lengths[b]) * ld, ld,
                      seq - lengths[b], cols);
+}
+
+/// y (rows, n) = the norm `kind` of x (row strides ldx, ldy; y may be x) with gain gamma and,
+/// for LayerNorm when not null, bias beta.
+template <class Ops, class Backend, class T>
+void apply_norm(const Backend& be, norm_type kind, const T* x, index_t ldx, T* y, index_t ldy,
+                index_t rows, index_t n, const T* gamma, const T* beta, float eps) {
+  if (kind == norm_type::rms_norm)
+    Ops::rms_norm(be, x, ldx, y, ldy, rows, n, gamma, eps);
+  else
+    Ops::layer_norm(be, x, ldx, y, ldy, rows, n, gamma, beta, eps);
 }
 
 /// The named parameters of a module (Owner): for each, its shape, its initial value and the

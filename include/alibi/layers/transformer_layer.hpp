@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// transformer_layer<T, Backend>: ALiBi self-attention and a GELU feed-forward network with
-// residuals and LayerNorms (post-norm as in seed 001, or pre-norm).
+// transformer_layer<T, Backend>: ALiBi self-attention and a feed-forward network with
+// residuals and norms (post-norm as in seed 001, or pre-norm; LayerNorm or RMSNorm; a plain or
+// a gated feed-forward network): the layers of seed 001 and of BLOOM, MPT, Baichuan, Falcon.
 #pragma once
 
 #include <string>
@@ -12,14 +13,18 @@
 
 namespace alibi {
 
-/// A Transformer layer: ALiBi self-attention and a GELU feed-forward network with residuals
-/// and LayerNorms, post-norm (seed 001's TransformerLayerWithALiBi) or pre-norm. Dropout is
-/// the identity: this is an inference module. Parameters, named as in seed 001:
+/// A Transformer layer: ALiBi self-attention and a feed-forward network with residuals and
+/// norms, post-norm (seed 001's TransformerLayerWithALiBi) or pre-norm. Dropout is the
+/// identity. Parameters, named as in seed 001:
 ///   self_attn.*   (the attention module's parameters)
-///   ffn.0.weight (ff_dim, embed_dim)  ffn.0.bias (ff_dim)
-///   ffn.2.weight (embed_dim, ff_dim)  ffn.2.bias (embed_dim)
+///   ffn.0.weight (ff_dim, embed_dim)  ffn.0.bias (ff_dim)        the up projection
+///   ffn.gate.weight (ff_dim, embed_dim)  ffn.gate.bias (ff_dim)  gated FFN only
+///   ffn.2.weight (embed_dim, ff_dim)  ffn.2.bias (embed_dim)     the down projection
 ///   norm1.weight, norm1.bias, norm2.weight, norm2.bias (embed_dim)  (start at 1 and 0)
-/// Training (CPU backends only): forward_train() + backward(), as for multi_head_attention.
+/// (FFN biases only when config.ffn_bias; norm biases only for LayerNorm with
+/// config.norm_bias). alibi::families maps the Hugging Face checkpoints of the ALiBi model
+/// families onto these names. Training (CPU backends only): forward_train() + backward(), as
+/// for multi_head_attention.
 template <class T, class Backend>
 class transformer_layer {
   using ops = detail::layer_ops<Backend>;
@@ -31,7 +36,8 @@ class transformer_layer {
   ///              ln2_in = ln1_out + ffn(ln1_out);
   ///   pre-norm:  ln1_out = LN1(x) (the attention's input), ln2_in = x + attn(ln1_out),
   ///              ln2_out = LN2(ln2_in) (the FFN's input);
-  ///   hpre, h (rows, ff_dim): the FFN's pre-activation and activation;
+  ///   hpre, h (rows, ff_dim): the FFN's pre-activation and activation (gated FFN: hpre is
+  ///   the gate's pre-activation, u the up projection and h = act(hpre) * u);
   ///   the attention module's activations (its projections, output and logsumexp).
   /// Recomputed in backward: each LayerNorm's mean and 1/std (from its saved input, the
   /// same arithmetic as the forward), the activation's derivative from hpre.
@@ -44,7 +50,7 @@ class transformer_layer {
     const void* owner_ = nullptr;
     index_t batch_ = 0, len_ = 0;
     std::vector<index_t> q_lengths_, used_;  // (batch): valid rows; rows any output reads
-    detail::backend_buffer<Backend, T> x_, ln1_in_, ln1_out_, ln2_in_, ln2_out_, hpre_, h_;
+    detail::backend_buffer<Backend, T> x_, ln1_in_, ln1_out_, ln2_in_, ln2_out_, hpre_, h_, u_;
     typename multi_head_attention<T, Backend>::activations attn_;
   };
 
@@ -58,18 +64,28 @@ class transformer_layer {
                           detail::str(cfg_.ff_dim)));
     if (!(cfg_.norm_eps >= 0.0f))
       detail::raise(error("alibi::transformer_layer: config.norm_eps must be >= 0"));
+    if (cfg_.norm_kind == norm_type::rms_norm) cfg_.norm_bias = false;
     const index_t F = cfg_.ff_dim;
+    const bool gated = cfg_.ffn == ffn_type::gated;
     using L = transformer_layer;
     params_.owner = "alibi::transformer_layer";
-    params_.slots = {{"ffn.0.weight", {F, E}, &L::w1_},    {"ffn.2.weight", {E, F}, &L::w2_},
-                     {"norm1.weight", {E}, &L::g1_, 1.0f}, {"norm1.bias", {E}, &L::beta1_},
-                     {"norm2.weight", {E}, &L::g2_, 1.0f}, {"norm2.bias", {E}, &L::beta2_}};
-    if (cfg_.ffn_bias)
-      params_.slots.insert(params_.slots.begin() + 2,
-                           {{"ffn.0.bias", {F}, &L::b1_}, {"ffn.2.bias", {E}, &L::b2_}});
+    params_.slots = {{"ffn.0.weight", {F, E}, &L::w1_}};
+    if (gated) params_.slots.push_back({"ffn.gate.weight", {F, E}, &L::wg_});
+    params_.slots.push_back({"ffn.2.weight", {E, F}, &L::w2_});
+    if (cfg_.ffn_bias) {
+      params_.slots.push_back({"ffn.0.bias", {F}, &L::b1_});
+      if (gated) params_.slots.push_back({"ffn.gate.bias", {F}, &L::bg_});
+      params_.slots.push_back({"ffn.2.bias", {E}, &L::b2_});
+    }
+    params_.slots.push_back({"norm1.weight", {E}, &L::g1_, 1.0f});
+    if (cfg_.norm_bias) params_.slots.push_back({"norm1.bias", {E}, &L::beta1_});
+    params_.slots.push_back({"norm2.weight", {E}, &L::g2_, 1.0f});
+    if (cfg_.norm_bias) params_.slots.push_back({"norm2.bias", {E}, &L::beta2_});
     params_.allocate(*this, backend_);
   }
 
+  /// The configuration with every default resolved (ff_dim, the attention's; norm_bias is
+  /// false for RMSNorm).
   const layer_config& config() const { return cfg_; }
   const Backend& backend() const { return backend_; }
   multi_head_attention<T, Backend>& self_attn() { return attn_; }
@@ -127,6 +143,20 @@ class transformer_layer {
  private:
   static constexpr char prefix[] = "self_attn.";
 
+  /// A bias of the FFN, or null without them.
+  const T* ffn_bias(const detail::backend_buffer<Backend, T>& b) const {
+    return cfg_.ffn_bias ? b.data() : nullptr;
+  }
+  /// dst (rows, embed_dim) = the configured norm of src, with gain g and (LayerNorm with
+  /// norm_bias) bias beta. dst may be src.
+  void apply_norm(const T* src, index_t lds, T* dst, index_t ldd, index_t rows,
+                  const detail::backend_buffer<Backend, T>& g,
+                  const detail::backend_buffer<Backend, T>& beta) {
+    detail::apply_norm<ops>(backend_, cfg_.norm_kind, src, lds, dst, ldd, rows,
+                            cfg_.attention.embed_dim, g.data(),
+                            cfg_.norm_bias ? beta.data() : nullptr, cfg_.norm_eps);
+  }
+
   void train(tensor_view<const T, 3> x, tensor_view<T, 3> out, activations& saved,
              const forward_options& opt);
   void backward_impl(tensor_view<const T, 3> dy, const activations& saved, tensor_view<T, 3> dx,
@@ -150,19 +180,26 @@ class transformer_layer {
     auto norm = [&](const T* src, index_t lds, T* dst, index_t ldd,
                     const detail::backend_buffer<Backend, T>& g,
                     const detail::backend_buffer<Backend, T>& beta) {
-      detail::timed<ops>(backend_, t_norm, [&] {
-        ops::layer_norm(backend_, src, lds, dst, ldd, rows, E, g.data(), beta.data(),
-                        cfg_.norm_eps);
-      });
+      detail::timed<ops>(backend_, t_norm, [&] { apply_norm(src, lds, dst, ldd, rows, g, beta); });
     };
-    // h (rows, ff_dim) = act(y w1^T + b1); out += h w2^T + b2.
+    // h (rows, ff_dim) = act(y w1^T + b1), or act(y wg^T + bg) * (y w1^T + b1) when gated;
+    // out += h w2^T + b2.
     auto ffn = [&](const T* y, index_t ldy) {
       detail::timed<ops>(backend_, t_ffn, [&] {
         ops::resize(h_, rows * F);
-        ops::linear(backend_, y, ldy, rows, E, w1_.data(), cfg_.ffn_bias ? b1_.data() : nullptr, F,
-                    h_.data(), F, false, &cfg_.act);
+        if (cfg_.ffn == ffn_type::gated) {
+          ops::resize(u_, rows * F);
+          ops::linear(backend_, y, ldy, rows, E, wg_.data(), ffn_bias(bg_), F, h_.data(), F, false,
+                      &cfg_.act);
+          ops::linear(backend_, y, ldy, rows, E, w1_.data(), ffn_bias(b1_), F, u_.data(), F, false,
+                      nullptr);
+          ops::multiply(backend_, h_.data(), F, static_cast<const T*>(u_.data()), F, rows, F);
+        } else {
+          ops::linear(backend_, y, ldy, rows, E, w1_.data(), ffn_bias(b1_), F, h_.data(), F, false,
+                      &cfg_.act);
+        }
         ops::linear(backend_, static_cast<const T*>(h_.data()), F, rows, F, w2_.data(),
-                    cfg_.ffn_bias ? b2_.data() : nullptr, E, out.data, ldo, true, nullptr);
+                    ffn_bias(b2_), E, out.data, ldo, true, nullptr);
       });
     };
     // The residual stream lives in `out`; the attention's output projection adds to it.
@@ -188,13 +225,14 @@ class transformer_layer {
   Backend backend_;
   layer_config cfg_;
   multi_head_attention<T, Backend> attn_;
-  detail::backend_buffer<Backend, T> w1_, b1_, w2_, b2_, g1_, beta1_, g2_, beta2_;
+  detail::backend_buffer<Backend, T> w1_, b1_, wg_, bg_, w2_, b2_, g1_, beta1_, g2_, beta2_;
   detail::parameter_table<transformer_layer, T, Backend> params_;
-  detail::backend_buffer<Backend, T> n_,
-      h_;  // workspace: normalized rows (rows, embed_dim); FFN hidden (rows, ff_dim)
+  // Workspace: normalized rows (rows, embed_dim); FFN hidden and up projection (rows, ff_dim).
+  detail::backend_buffer<Backend, T> n_, h_, u_;
   // Backward workspace: d out, the residual stream's gradient and a LayerNorm-side gradient
-  // (rows, embed_dim) each; the FFN hidden gradient (rows, ff_dim).
-  detail::backend_buffer<Backend, T> dout_, dres_, dside_, dh_;
+  // (rows, embed_dim) each; the FFN hidden gradient and (gated) the up projection's
+  // (rows, ff_dim).
+  detail::backend_buffer<Backend, T> dout_, dres_, dside_, dh_, du_;
 };
 
 template <class T, class Backend>
@@ -221,21 +259,28 @@ void transformer_layer<T, Backend>::train(tensor_view<const T, 3> x, tensor_view
   ops::copy_rows(backend_, x.data, ldx, saved.x_.data(), E, rows, E);
   detail::zero_padded_rows<ops>(backend_, saved.x_.data(), E, L, E, saved.used_);
   const T* X = saved.x_.data();
-  const T* b1 = cfg_.ffn_bias ? b1_.data() : nullptr;
-  const T* b2 = cfg_.ffn_bias ? b2_.data() : nullptr;
-  const bool post = cfg_.norm == norm_position::post;
+  const bool post = cfg_.norm == norm_position::post, gated = cfg_.ffn == ffn_type::gated;
   ops::resize(saved.ln1_out_, rows * E);
   ops::resize(saved.ln2_in_, rows * E);
   ops::resize(post ? saved.ln1_in_ : saved.ln2_out_, rows * E);  // pre-norm: ln1_in is x
   ops::resize(saved.hpre_, rows * F);
   ops::resize(saved.h_, rows * F);
-  // hpre (rows, F) = y w1^T + b1, h = act(hpre); dst (+)= h w2^T + b2.
+  if (gated) ops::resize(saved.u_, rows * F);
+  // hpre (rows, F) = y w1^T + b1 (gated: y wg^T + bg), h = act(hpre) (gated: times
+  // u = y w1^T + b1); dst (+)= h w2^T + b2.
   auto ffn = [&](const T* y, T* dst, index_t ldd) {
-    ops::linear(backend_, y, E, rows, E, w1_.data(), b1, F, saved.hpre_.data(), F, false, nullptr);
+    ops::linear(backend_, y, E, rows, E, gated ? wg_.data() : w1_.data(),
+                ffn_bias(gated ? bg_ : b1_), F, saved.hpre_.data(), F, false, nullptr);
     ops::activation_forward(backend_, static_cast<const T*>(saved.hpre_.data()), F, saved.h_.data(),
                             F, rows, F, cfg_.act);
-    ops::linear(backend_, static_cast<const T*>(saved.h_.data()), F, rows, F, w2_.data(), b2, E,
-                dst, ldd, true, nullptr);
+    if (gated) {
+      ops::linear(backend_, y, E, rows, E, w1_.data(), ffn_bias(b1_), F, saved.u_.data(), F, false,
+                  nullptr);
+      ops::multiply(backend_, saved.h_.data(), F, static_cast<const T*>(saved.u_.data()), F, rows,
+                    F);
+    }
+    ops::linear(backend_, static_cast<const T*>(saved.h_.data()), F, rows, F, w2_.data(),
+                ffn_bias(b2_), E, dst, ldd, true, nullptr);
   };
   auto rows_view = [&](detail::backend_buffer<Backend, T>& m) {
     return make_view(m.data(), B, L, E);
@@ -243,21 +288,17 @@ void transformer_layer<T, Backend>::train(tensor_view<const T, 3> x, tensor_view
   if (post) {
     ops::copy_rows(backend_, X, E, saved.ln1_in_.data(), E, rows, E);
     attn_.train_into(X, E, B, L, rows_view(saved.ln1_in_), opt, saved.attn_, true);
-    ops::layer_norm(backend_, static_cast<const T*>(saved.ln1_in_.data()), E, saved.ln1_out_.data(),
-                    E, rows, E, g1_.data(), beta1_.data(), cfg_.norm_eps);
+    apply_norm(saved.ln1_in_.data(), E, saved.ln1_out_.data(), E, rows, g1_, beta1_);
     ops::copy_rows(backend_, static_cast<const T*>(saved.ln1_out_.data()), E, saved.ln2_in_.data(),
                    E, rows, E);
     ffn(saved.ln1_out_.data(), saved.ln2_in_.data(), E);
-    ops::layer_norm(backend_, static_cast<const T*>(saved.ln2_in_.data()), E, out.data, ldo, rows,
-                    E, g2_.data(), beta2_.data(), cfg_.norm_eps);
+    apply_norm(saved.ln2_in_.data(), E, out.data, ldo, rows, g2_, beta2_);
   } else {
-    ops::layer_norm(backend_, X, E, saved.ln1_out_.data(), E, rows, E, g1_.data(), beta1_.data(),
-                    cfg_.norm_eps);
+    apply_norm(X, E, saved.ln1_out_.data(), E, rows, g1_, beta1_);
     ops::copy_rows(backend_, X, E, saved.ln2_in_.data(), E, rows, E);
     attn_.train_into(saved.ln1_out_.data(), E, B, L, rows_view(saved.ln2_in_), opt, saved.attn_,
                      true);
-    ops::layer_norm(backend_, static_cast<const T*>(saved.ln2_in_.data()), E, saved.ln2_out_.data(),
-                    E, rows, E, g2_.data(), beta2_.data(), cfg_.norm_eps);
+    apply_norm(saved.ln2_in_.data(), E, saved.ln2_out_.data(), E, rows, g2_, beta2_);
     ops::copy_rows(backend_, static_cast<const T*>(saved.ln2_in_.data()), E, out.data, ldo, rows,
                    E);
     ffn(saved.ln2_out_.data(), out.data, ldo);
@@ -291,42 +332,63 @@ void transformer_layer<T, Backend>::backward_impl(tensor_view<const T, 3> dy,
   check_shape("dx", dx.extents);
   grads.prepare(parameters(), fn);
   auto grad = [&](const char* name) { return grads[name].data(); };
-  auto ffn_bias = [&](const char* name) -> T* {
+  auto ffn_bias_grad = [&](const char* name) -> T* {
     return cfg_.ffn_bias ? grads[name].data() : nullptr;
   };
+  const bool gated = cfg_.ffn == ffn_type::gated;
   for (auto* m : {&dout_, &dres_, &dside_}) ops::resize(*m, rows * E);
   ops::resize(dh_, rows * F);
+  if (gated) ops::resize(du_, rows * F);
   // d out with zeros in the padded rows (their output is the constant 0; dx may be dy).
   ops::copy_rows(backend_, dy.data, lddy, dout_.data(), E, rows, E);
   detail::zero_padded_rows<ops>(backend_, dout_.data(), E, L, E, saved.q_lengths_);
-  // The FFN: given d dst (rows, E) and its input y, writes dh and dW2, db2, dW1, db1, and
-  // d y (rows, E) into dy_in (added when accumulate).
+  // The FFN: given d dst (rows, E) and its input y, writes dh and dW2, db2, dW1, db1 (and
+  // the gate's), and d y (rows, E) into dy_in (added when accumulate).
   auto ffn_backward = [&](const T* ddst, const T* y, T* dy_in, bool accumulate) {
+    const T* hpre = saved.hpre_.data();
     ops::linear_backward_params(backend_, ddst, E, rows, E, static_cast<const T*>(saved.h_.data()),
-                                F, F, grad("ffn.2.weight"), ffn_bias("ffn.2.bias"));
+                                F, F, grad("ffn.2.weight"), ffn_bias_grad("ffn.2.bias"));
     ops::linear_backward_input(backend_, ddst, E, rows, E, static_cast<const T*>(w2_.data()), F,
                                dh_.data(), F, false);
-    ops::activation_backward(backend_, static_cast<const T*>(saved.hpre_.data()), F, dh_.data(), F,
-                             rows, F, cfg_.act);
-    ops::linear_backward_params(backend_, static_cast<const T*>(dh_.data()), F, rows, F, y, E, E,
-                                grad("ffn.0.weight"), ffn_bias("ffn.0.bias"));
-    ops::linear_backward_input(backend_, static_cast<const T*>(dh_.data()), F, rows, F,
-                               static_cast<const T*>(w1_.data()), E, dy_in, E, accumulate);
+    if (gated) {
+      // h = act(hpre) * u: d u = dh * act(hpre) (act recomputed from hpre, as in the
+      // forward), d hpre = dh * u * act'(hpre).
+      ops::activation_forward(backend_, hpre, F, du_.data(), F, rows, F, cfg_.act);
+      ops::multiply(backend_, du_.data(), F, static_cast<const T*>(dh_.data()), F, rows, F);
+      ops::multiply(backend_, dh_.data(), F, static_cast<const T*>(saved.u_.data()), F, rows, F);
+    }
+    ops::activation_backward(backend_, hpre, F, dh_.data(), F, rows, F, cfg_.act);
+    // The up projection's gradient is d u (gated) or d hpre; the gate's is d hpre.
+    const T* dup = gated ? du_.data() : dh_.data();
+    ops::linear_backward_params(backend_, dup, F, rows, F, y, E, E, grad("ffn.0.weight"),
+                                ffn_bias_grad("ffn.0.bias"));
+    ops::linear_backward_input(backend_, dup, F, rows, F, static_cast<const T*>(w1_.data()), E,
+                               dy_in, E, accumulate);
+    if (gated) {
+      ops::linear_backward_params(backend_, static_cast<const T*>(dh_.data()), F, rows, F, y, E, E,
+                                  grad("ffn.gate.weight"), ffn_bias_grad("ffn.gate.bias"));
+      ops::linear_backward_input(backend_, static_cast<const T*>(dh_.data()), F, rows, F,
+                                 static_cast<const T*>(wg_.data()), E, dy_in, E, true);
+    }
+  };
+  // The norm's backward: d x (written to dst, or added when accumulate) from d y = dn for
+  // y = norm(x) with gain g; the gain's (and LayerNorm's bias') gradients under `which`.
+  auto norm_backward = [&](const T* x, const T* dn, const detail::backend_buffer<Backend, T>& g,
+                           T* dst, index_t ldd, bool accumulate, int which) {
+    const std::string n = "norm" + std::to_string(which);
+    ops::layer_norm_backward(backend_, cfg_.norm_kind, x, E, dn, E, rows, E,
+                             static_cast<const T*>(g.data()), cfg_.norm_eps, dst, ldd, accumulate,
+                             grads[n + ".weight"].data(),
+                             cfg_.norm_bias ? grads[n + ".bias"].data() : nullptr);
   };
   if (cfg_.norm == norm_position::post) {
     // out = LN2(ln2_in): dout_ becomes d ln2_in.
-    ops::layer_norm_backward(backend_, static_cast<const T*>(saved.ln2_in_.data()), E,
-                             static_cast<const T*>(dout_.data()), E, rows, E,
-                             static_cast<const T*>(g2_.data()), cfg_.norm_eps, dout_.data(), E,
-                             false, grad("norm2.weight"), grad("norm2.bias"));
+    norm_backward(saved.ln2_in_.data(), dout_.data(), g2_, dout_.data(), E, false, 2);
     // ln2_in = ln1_out + ffn(ln1_out): d ln1_out = d ln2_in + ffn backward.
     ops::copy_rows(backend_, static_cast<const T*>(dout_.data()), E, dres_.data(), E, rows, E);
     ffn_backward(dout_.data(), saved.ln1_out_.data(), dres_.data(), true);
     // ln1_out = LN1(ln1_in): dres_ becomes d ln1_in.
-    ops::layer_norm_backward(backend_, static_cast<const T*>(saved.ln1_in_.data()), E,
-                             static_cast<const T*>(dres_.data()), E, rows, E,
-                             static_cast<const T*>(g1_.data()), cfg_.norm_eps, dres_.data(), E,
-                             false, grad("norm1.weight"), grad("norm1.bias"));
+    norm_backward(saved.ln1_in_.data(), dres_.data(), g1_, dres_.data(), E, false, 1);
     // ln1_in = x + attn(x): dx = d ln1_in + the attention's input gradient.
     ops::copy_rows(backend_, static_cast<const T*>(dres_.data()), E, dx.data, lddx, rows, E);
     attn_.backward_rows(dres_.data(), E, saved.attn_, dx.data, lddx, dx.data, lddx, dx.data, lddx,
@@ -335,19 +397,13 @@ void transformer_layer<T, Backend>::backward_impl(tensor_view<const T, 3> dy,
     // out = ln2_in + ffn(ln2_out): d ln2_in = d out + LN2 backward of the FFN's input gradient.
     ops::copy_rows(backend_, static_cast<const T*>(dout_.data()), E, dres_.data(), E, rows, E);
     ffn_backward(dout_.data(), saved.ln2_out_.data(), dside_.data(), false);
-    ops::layer_norm_backward(backend_, static_cast<const T*>(saved.ln2_in_.data()), E,
-                             static_cast<const T*>(dside_.data()), E, rows, E,
-                             static_cast<const T*>(g2_.data()), cfg_.norm_eps, dres_.data(), E,
-                             true, grad("norm2.weight"), grad("norm2.bias"));
+    norm_backward(saved.ln2_in_.data(), dside_.data(), g2_, dres_.data(), E, true, 2);
     // ln2_in = x + attn(ln1_out): d ln1_out = the attention's input gradient.
     attn_.backward_rows(dres_.data(), E, saved.attn_, dside_.data(), E, dside_.data(), E,
                         dside_.data(), E, false, grads, prefix);
     // ln1_out = LN1(x): dx = d ln2_in + LN1 backward.
     ops::copy_rows(backend_, static_cast<const T*>(dres_.data()), E, dx.data, lddx, rows, E);
-    ops::layer_norm_backward(backend_, static_cast<const T*>(saved.x_.data()), E,
-                             static_cast<const T*>(dside_.data()), E, rows, E,
-                             static_cast<const T*>(g1_.data()), cfg_.norm_eps, dx.data, lddx, true,
-                             grad("norm1.weight"), grad("norm1.bias"));
+    norm_backward(saved.x_.data(), dside_.data(), g1_, dx.data, lddx, true, 1);
   }
   // Rows no output depends on get exact zeros.
   detail::zero_padded_rows<ops>(backend_, dx.data, lddx, L, E, saved.used_);

@@ -128,10 +128,12 @@ class device_buffer {
 };
 
 __device__ __forceinline__ float apply_activation(float x, int act) {
-  // act: 0 none, 1 gelu (erf), 2 gelu_tanh; the formulas of the CPU backend.
+  // act: 0 none, 1 gelu (erf), 2 gelu_tanh, 3 silu; the formulas of the CPU backend.
   if (act == 1) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
   if (act == 2)
     return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
+  // x / (1 + exp(-x)): exp overflows to inf for x < -88 and the quotient is -0, not NaN.
+  if (act == 3) return x / (1.0f + expf(-x));
   return x;
 }
 
@@ -181,7 +183,38 @@ __global__ void layer_norm_kernel(const T* x, index_t ldx, T* y, index_t ldy, in
   for (index_t i = threadIdx.x; i < n; i += blockDim.x)
     out[i] =
         elem<T>::from_float((elem<T>::to_float(in[i]) - mean) * inv * elem<T>::to_float(gamma[i]) +
-                            elem<T>::to_float(beta[i]));
+                            (beta ? elem<T>::to_float(beta[i]) : 0.0f));
+}
+
+/// RMSNorm of one row per block: x / sqrt(mean(x^2) + eps) gamma, fp32 statistics. y may be
+/// x: the sum is complete (block_sum) before any element is written.
+template <class T>
+__global__ void rms_norm_kernel(const T* x, index_t ldx, T* y, index_t ldy, index_t n,
+                                const T* gamma, float eps) {
+  __shared__ float scratch[32];
+  const T* in = x + static_cast<index_t>(blockIdx.x) * ldx;
+  T* out = y + static_cast<index_t>(blockIdx.x) * ldy;
+  float q = 0;
+  for (index_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = elem<T>::to_float(in[i]);
+    q += v * v;
+  }
+  const float inv = rsqrtf(block_sum(q, scratch) / static_cast<float>(n) + eps);
+  for (index_t i = threadIdx.x; i < n; i += blockDim.x)
+    out[i] = elem<T>::from_float(elem<T>::to_float(in[i]) * inv * elem<T>::to_float(gamma[i]));
+}
+
+/// a (rows, cols; lda) *= b (rows, cols; ldb), element-wise in fp32.
+template <class T>
+__global__ void multiply_kernel(T* a, index_t lda, const T* b, index_t ldb, index_t rows,
+                                index_t cols) {
+  const index_t total = rows * cols;
+  for (index_t i = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<index_t>(gridDim.x) * blockDim.x) {
+    const index_t r = i / cols, c = i % cols;
+    a[r * lda + c] =
+        elem<T>::from_float(elem<T>::to_float(a[r * lda + c]) * elem<T>::to_float(b[r * ldb + c]));
+  }
 }
 
 }  // namespace cuda_detail
@@ -238,7 +271,10 @@ struct layer_ops<backend::cuda> {
                      static_cast<int>(ldx > 0 ? ldx : 1), &beta, y, type, static_cast<int>(ldy),
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx (projection)");
-    const int a = act == nullptr ? 0 : *act == activation::gelu ? 1 : 2;
+    const int a = act == nullptr                  ? 0
+                  : *act == activation::gelu      ? 1
+                  : *act == activation::gelu_tanh ? 2
+                                                  : 3;
     if (bias == nullptr && a == 0) return;
     const index_t total = rows * out;
     const int blocks = static_cast<int>(std::min<index_t>((total + 255) / 256, 65535));
@@ -255,6 +291,26 @@ struct layer_ops<backend::cuda> {
     cuda_detail::layer_norm_kernel<T>
         <<<static_cast<unsigned>(rows), 256, 0, be.stream>>>(x, ldx, y, ldy, n, gamma, beta, eps);
     cuda_detail::check(cudaGetLastError(), "layer_norm kernel launch");
+  }
+
+  template <class T>
+  static void rms_norm(const backend::cuda& be, const T* x, index_t ldx, T* y, index_t ldy,
+                       index_t rows, index_t n, const T* gamma, float eps) {
+    if (rows == 0 || n == 0) return;
+    if (rows > INT32_MAX) detail::raise(error("alibi (cuda): rms_norm rows exceed 2^31 - 1"));
+    cuda_detail::rms_norm_kernel<T>
+        <<<static_cast<unsigned>(rows), 256, 0, be.stream>>>(x, ldx, y, ldy, n, gamma, eps);
+    cuda_detail::check(cudaGetLastError(), "rms_norm kernel launch");
+  }
+
+  template <class T>
+  static void multiply(const backend::cuda& be, T* a, index_t lda, const T* b, index_t ldb,
+                       index_t rows, index_t cols) {
+    if (rows == 0 || cols == 0) return;
+    const index_t total = rows * cols;
+    const int blocks = static_cast<int>(std::min<index_t>((total + 255) / 256, 65535));
+    cuda_detail::multiply_kernel<T><<<blocks, 256, 0, be.stream>>>(a, lda, b, ldb, rows, cols);
+    cuda_detail::check(cudaGetLastError(), "multiply kernel launch");
   }
 
   template <class T>

@@ -109,6 +109,10 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
       if (act == activation::gelu) {
         // Exact GELU: x * Phi(x) = x/2 (1 + erf(x / sqrt 2)); Eigen's erf is vectorized.
         a = T(0.5) * a * (T(1) + (a * T(0.70710678118654752440)).erf());
+      } else if (act == activation::silu) {
+        // x sigmoid(x) = x / (1 + exp(-x)): exp(-x) overflows to inf for x < -88 (fp32) and
+        // x / inf gives the limit -0, not NaN.
+        a = a / (T(1) + (-a).exp());
       } else {
         // tanh approximation: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
         a = T(0.5) * a * (T(1) + (T(0.79788456080286535588) * (a + T(0.044715) * a.cube())).tanh());
@@ -142,8 +146,17 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
     return {mean, T(1) / std::sqrt(var + T(eps))};
   }
 
+  /// The statistics of a row for either norm: LayerNorm's row_moments, or RMSNorm's
+  /// {0, 1/sqrt(mean(x^2) + eps)} (rms_norm and the backward share this one computation).
+  template <class T>
+  static std::pair<T, T> row_stats(norm_type kind, const T* in, index_t n, float eps) {
+    if (kind == norm_type::layer_norm) return row_moments(in, n, eps);
+    return {T(0), T(1) / std::sqrt(row_sum(in, n, [](T v) { return v * v; }) / T(n) + T(eps))};
+  }
+
   /// y = (x - mean) / sqrt(var + eps) * gamma + beta per row of n features (biased variance,
-  /// as nn.LayerNorm). Two passes over the row: the variance of x - mean does not cancel.
+  /// as nn.LayerNorm; beta may be null: none). Two passes over the row: the variance of
+  /// x - mean does not cancel.
   template <class T>
   static void layer_norm(const Backend& be, const T* x, index_t ldx, T* y, index_t ldy,
                          index_t rows, index_t n, const T* gamma, const T* beta, float eps) {
@@ -154,8 +167,38 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
         const T* in = x + r * ldx;
         const auto [mean, inv] = row_moments(in, n, eps);
         T* o = y + r * ldy;
-        for (index_t i = 0; i < n; ++i) o[i] = (in[i] - mean) * inv * gamma[i] + beta[i];
+        if (beta != nullptr)
+          for (index_t i = 0; i < n; ++i) o[i] = (in[i] - mean) * inv * gamma[i] + beta[i];
+        else
+          for (index_t i = 0; i < n; ++i) o[i] = (in[i] - mean) * inv * gamma[i];
       }
+    });
+  }
+
+  /// y = x / sqrt(mean(x^2) + eps) * gamma per row of n features (RMSNorm). y may be x.
+  template <class T>
+  static void rms_norm(const Backend& be, const T* x, index_t ldx, T* y, index_t ldy, index_t rows,
+                       index_t n, const T* gamma, float eps) {
+    if (n == 0) return;
+    const index_t blocks = (rows + norm_rows - 1) / norm_rows;
+    parallel_for(threads(be), blocks, [&](index_t blk) {
+      for (index_t r = blk * norm_rows; r < std::min(rows, (blk + 1) * norm_rows); ++r) {
+        const T* in = x + r * ldx;
+        const T inv = row_stats(norm_type::rms_norm, in, n, eps).second;
+        T* o = y + r * ldy;
+        for (index_t i = 0; i < n; ++i) o[i] = in[i] * inv * gamma[i];
+      }
+    });
+  }
+
+  /// a (rows, cols) *= b element-wise (the gated feed-forward network's product).
+  template <class T>
+  static void multiply(const Backend& be, T* a, index_t lda, const T* b, index_t ldb, index_t rows,
+                       index_t cols) {
+    const index_t blocks = (rows + norm_rows - 1) / norm_rows;
+    parallel_for(threads(be), blocks, [&](index_t blk) {
+      for (index_t r = blk * norm_rows; r < std::min(rows, (blk + 1) * norm_rows); ++r)
+        for (index_t c = 0; c < cols; ++c) a[r * lda + c] *= b[r * ldb + c];
     });
   }
 
@@ -242,6 +285,7 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
 
   /// dh (rows, cols) *= act'(x), x the pre-activation: the gradient through the activation.
   /// exact: d/dx [x Phi(x)] = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi).
+  /// silu:  with s = sigmoid(x), d/dx [x s] = s (1 + x (1 - s)).
   /// tanh:  with u = c (x + a x^3), t = tanh(u), c = sqrt(2/pi), a = 0.044715:
   ///        d/dx [x/2 (1 + t)] = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 a x^2).
   template <class T>
@@ -258,6 +302,9 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
           if (act == activation::gelu) {
             const T cdf = T(0.5) * (T(1) + std::erf(v * T(0.70710678118654752440)));
             d = cdf + v * T(0.39894228040143267794) * std::exp(T(-0.5) * v * v);
+          } else if (act == activation::silu) {
+            const T sig = T(1) / (T(1) + std::exp(-v));
+            d = sig * (T(1) + v * (T(1) - sig));
           } else {
             const T c = T(0.79788456080286535588), a = T(0.044715);
             const T t = std::tanh(c * (v + a * v * v * v));
@@ -270,21 +317,24 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
   }
 
   /// The backward pass of layer_norm(x) = (x - mean) rstd gamma + beta per row of n
-  /// features. With xh = (x - mean) rstd and g = dy gamma:
+  /// features, or of rms_norm(x) = x rstd gamma (kind). With xh = (x - mean) rstd and
+  /// g = dy gamma:
   ///   dx = rstd (g - mean(g) - xh mean(g xh))    (written, or added when accumulate)
   ///   dgamma = sum over rows of dy xh,  dbeta = sum over rows of dy   (overwritten)
-  /// mean and rstd are recomputed from x exactly as layer_norm computes them (so nothing
+  /// RMSNorm has mean = 0 and no mean(g) term (no centering), and no beta (dbeta null).
+  /// mean and rstd are recomputed from x exactly as the forward computes them (so nothing
   /// but the normalized input has to be kept). dx may be dy.
   template <class T>
-  static void layer_norm_backward(const Backend& be, const T* x, index_t ldx, const T* dy,
-                                  index_t lddy, index_t rows, index_t n, const T* gamma, float eps,
-                                  T* dx, index_t lddx, bool accumulate, T* dgamma, T* dbeta) {
+  static void layer_norm_backward(const Backend& be, norm_type kind, const T* x, index_t ldx,
+                                  const T* dy, index_t lddy, index_t rows, index_t n,
+                                  const T* gamma, float eps, T* dx, index_t lddx, bool accumulate,
+                                  T* dgamma, T* dbeta) {
     if (n == 0) return;
     std::vector<T> stats(static_cast<std::size_t>(2 * rows));  // (rows, [mean, rstd])
     const index_t blocks = (rows + norm_rows - 1) / norm_rows;
     parallel_for(threads(be), blocks, [&](index_t blk) {
       for (index_t r = blk * norm_rows; r < std::min(rows, (blk + 1) * norm_rows); ++r) {
-        const auto [mean, inv] = row_moments(x + r * ldx, n, eps);
+        const auto [mean, inv] = row_stats(kind, x + r * ldx, n, eps);
         stats[static_cast<std::size_t>(2 * r)] = mean;
         stats[static_cast<std::size_t>(2 * r + 1)] = inv;
       }
@@ -310,7 +360,9 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
           g[k] = d[i] * gamma[i];
           gx[k] = g[k] * ((in[i] - mean) * inv);
         }
-        const T mg = row_sum(g.data(), n, [](T v) { return v; }) / T(n);
+        const T mg = kind == norm_type::layer_norm
+                         ? row_sum(g.data(), n, [](T v) { return v; }) / T(n)
+                         : T(0);
         const T mgx = row_sum(gx.data(), n, [](T v) { return v; }) / T(n);
         T* o = dx + r * lddx;
         for (index_t i = 0; i < n; ++i) {
