@@ -542,6 +542,15 @@ TEST_CASE("families: config.json files give the presets", "[layers][families]") 
     refuses(R"({"model_type": "falcon", "hidden_size": 4544, "alibi": false})", "rotary");
     refuses(R"({"model_type": "falcon", "hidden_size": 4544, "alibi": true})", "parallel_attn");
     refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": false}})", "ALiBi");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true,
+        "qk_ln": true}})",
+            "qk_ln");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true,
+        "clip_qkv": 6}})",
+            "clip_qkv");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true},
+        "ffn_config": {"ffn_type": "mptglu"}})",
+            "ffn_type");
     refuses(R"({"model_type": "bloom", "n_head": 4, "n_layer": 2})", "'hidden_size' or 'n_embed'");
     refuses(R"({"model_type": "bloom", "hidden_size": "64", "n_head": 4, "n_layer": 2})",
             "must be an integer");

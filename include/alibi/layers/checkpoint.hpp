@@ -274,10 +274,15 @@ inline model_family from_config(const std::string& config_json) {
     detail::raise(error("alibi::families::from_config: the config has no model_type"));
   const std::string type = j.at("model_type").get<std::string>();
   const detail::config_reader r{j, type};
-  if (type == "bloom")
+  if (type == "bloom") {
+    if (r.flag(j, "apply_residual_connection_post_layernorm", false))
+      r.fail(
+          "apply_residual_connection_post_layernorm is true: not the layer of "
+          "families::bloom");
     return bloom(
         r.integer({"hidden_size", "n_embed"}), r.integer({"n_head", "num_attention_heads"}),
         r.integer({"n_layer", "num_hidden_layers"}), r.real(j, "layer_norm_epsilon", 1e-5f));
+  }
   if (type == "mpt") {
     static const nlohmann::json none = nlohmann::json::object();
     const nlohmann::json& attn = j.contains("attn_config") ? j.at("attn_config") : none;
@@ -288,9 +293,22 @@ inline model_family from_config(const std::string& config_json) {
     if (attn_type == "multiquery_attention") kv = 1;
     if (attn_type == "grouped_query_attention")
       kv = detail::config_reader{attn, type}.integer({"kv_n_heads"});
-    return mpt(r.integer({"d_model"}), r.integer({"n_heads"}), r.integer({"n_layers"}),
-               j.contains("expansion_ratio") ? r.integer({"expansion_ratio"}) : 4, kv,
-               r.flag(j, "no_bias", false), r.real(attn, "alibi_bias_max", 8.0f));
+    // Options of MPT's layer that families::mpt does not have are refused, not ignored.
+    if (r.flag(attn, "qk_ln", false)) r.fail("attn_config.qk_ln is true (not supported)");
+    if (attn.is_object() && attn.contains("clip_qkv") && !attn.at("clip_qkv").is_null())
+      r.fail("attn_config.clip_qkv is set (not supported)");
+    static const nlohmann::json no_ffn = nlohmann::json::object();
+    const nlohmann::json& ffn = j.contains("ffn_config") ? j.at("ffn_config") : no_ffn;
+    if (r.text(ffn, "ffn_type", "mptmlp") != "mptmlp")
+      r.fail("ffn_config.ffn_type is not \"mptmlp\" (not supported)");
+    if (r.text(j, "norm_type", "low_precision_layernorm").find("layernorm") == std::string::npos)
+      r.fail("norm_type is not a LayerNorm (not supported)");
+    model_family f = mpt(r.integer({"d_model"}), r.integer({"n_heads"}), r.integer({"n_layers"}),
+                         j.contains("expansion_ratio") ? r.integer({"expansion_ratio"}) : 4, kv,
+                         r.flag(j, "no_bias", false), r.real(attn, "alibi_bias_max", 8.0f));
+    const float scale = r.real(attn, "softmax_scale", 0.0f);
+    if (scale != 0.0f) f.layer.attention.scale = scale;
+    return f;
   }
   if (type == "baichuan") {
     const index_t hidden = r.integer({"hidden_size"});
