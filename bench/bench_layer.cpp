@@ -2,10 +2,12 @@
 // The Transformer layer forward on the CPU (issue: layers): B = 1, embed 1024, 16 heads
 // (head_dim 64), ff 4096, post-norm with GELU, L = 512..8192. Reports the time split into
 // projections, attention, FFN and LayerNorms (layer_timings), the GEMM parts' GFLOP/s and
-// their fraction of this machine's sgemm throughput measured in the same process.
+// their fraction of this machine's sgemm throughput measured in the same process. Also the
+// layers of the ALiBi model families (alibi::families) at the same sizes, L = 2048, causal.
 #include <benchmark/benchmark.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common.hpp"
@@ -15,11 +17,16 @@ namespace {
 using alibi::index_t;
 constexpr index_t E = 1024, H = 16, F = 4096;
 
-alibi::transformer_layer<float, alibi::backend::eigen> make_layer(int threads) {
+alibi::layer_config seed_layer() {
   alibi::layer_config c;
   c.attention.embed_dim = E;
   c.attention.q_heads = H;
   c.ff_dim = F;
+  return c;
+}
+
+alibi::transformer_layer<float, alibi::backend::eigen> make_layer(
+    int threads, const alibi::layer_config& c = seed_layer()) {
   alibi::transformer_layer<float, alibi::backend::eigen> layer(c, alibi::backend::eigen{threads});
   std::mt19937 rng(1);
   for (const auto& p : layer.parameters()) {
@@ -28,7 +35,7 @@ alibi::transformer_layer<float, alibi::backend::eigen> make_layer(int threads) {
     std::normal_distribution<float> d(0.0f, p.shape.size() == 2 ? 1.0f / 32.0f : 0.02f);
     std::vector<float> w(static_cast<std::size_t>(n));
     for (float& v : w) v = d(rng);
-    if (p.name.rfind("norm", 0) != 0) layer.set(p.name, w.data(), p.shape);
+    if (p.name.find("norm") == std::string::npos) layer.set(p.name, w.data(), p.shape);
   }
   return layer;
 }
@@ -72,6 +79,52 @@ void BM_layer(benchmark::State& state) {
   state.counters["gemm_sgemm_frac"] = gemm_rate / alibi_bench::sgemm_gflops(threads);
   state.counters["attn_GFLOP/s"] =
       alibi_bench::attention_flops(H, L, L, E / H, causal) * n / t.attention / 1e9;
+}
+
+/// The family layers at E = 1024, 16 heads: seed 001's (post-norm, GELU, FFN 4096), BLOOM,
+/// MPT (GQA 16/4, no biases), Baichuan (RMSNorm, SwiGLU with ff 2752: Baichuan-13B's
+/// ff / hidden ratio, 13696 / 5120), Falcon-RW.
+alibi::layer_config family_layer(int which) {
+  switch (which) {
+    case 1:
+      return alibi::families::bloom(E, H, 1).layer;
+    case 2:
+      return alibi::families::mpt(E, H, 1, 4, 4).layer;
+    case 3:
+      return alibi::families::baichuan(E, H, 2752, 1).layer;
+    case 4:
+      return alibi::families::falcon_rw(E, H, 1).layer;
+    default:
+      return seed_layer();
+  }
+}
+
+// Args: family (0 seed, 1 BLOOM, 2 MPT, 3 Baichuan, 4 Falcon-RW), threads. L = 2048, causal.
+void BM_layer_family(benchmark::State& state) {
+  const index_t L = 2048;
+  const alibi::layer_config c = family_layer(static_cast<int>(state.range(0)));
+  auto layer = make_layer(static_cast<int>(state.range(1)), c);
+  std::mt19937 rng(2);
+  std::vector<float> x(static_cast<std::size_t>(L * E)), y(x.size());
+  std::normal_distribution<float> randn;
+  for (float& v : x) v = randn(rng);
+  alibi::forward_options opt;
+  opt.mask.causal = true;
+  alibi::layer_timings t;
+  opt.timings = &t;
+  for (auto _ : state) {
+    layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
+                  alibi::make_view(y.data(), 1, L, E), opt);
+    benchmark::DoNotOptimize(y.data());
+  }
+  report(state, t);
+  const auto& a = layer.config().attention;
+  const double kv = static_cast<double>(a.kv_heads * a.head_dim);
+  const double ffn_mats = c.ffn == alibi::ffn_type::gated ? 3.0 : 2.0;
+  const double gemm_flops =
+      2.0 * L * E * (2.0 * E + 2.0 * kv) + 2.0 * ffn_mats * L * E * layer.config().ff_dim;
+  const double n = static_cast<double>(state.iterations());
+  state.counters["gemm_GFLOP/s"] = gemm_flops * n / (t.projections + t.ffn) / 1e9;
 }
 
 // One decoding step (one new token, causal) with a cache of N tokens stored as S: the step
@@ -126,6 +179,15 @@ BENCHMARK(BM_layer)
     ->ArgsProduct({{512, 1024, 2048, 4096, 8192}, {1, 0}, {2}, {1}})
     ->ArgsProduct({{2048, 8192}, {1, 0}, {2}, {0}})
     ->ArgNames({"L", "causal", "threads", "skip"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+
+BENCHMARK(BM_layer_family)
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {2}})
+    ->ArgNames({"family", "threads"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(1)
