@@ -1,0 +1,382 @@
+// SPDX-License-Identifier: MIT
+// The optional MPI component (CMake target alibi::mpi, which brings MPI::MPI_CXX; the core
+// library has no MPI dependency): sequence-parallel ALiBi attention over an MPI communicator.
+//
+// ring_attention: each rank holds the queries, keys and values of its part of every sequence
+// of the batch; the K/V parts travel around the ring of ranks with non-blocking MPI,
+// overlapped with the attention on the part in hand, and each rank merges its partial results
+// (out, logsumexp) with merge_partials. Positions are global (q_offsets / k_offsets of each
+// partial call), so the ALiBi distances and the masks are those of the whole sequence.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "alibi/attention.hpp"
+#include "alibi/error.hpp"
+#include "alibi/merge.hpp"
+
+namespace alibi {
+namespace mpi {
+
+/// How the sequence is split over the P ranks of the communicator.
+enum class ring_layout {
+  /// Rank r holds one contiguous part, after the parts of ranks 0 .. r-1 (their lengths may
+  /// differ).
+  contiguous,
+  /// The sequence is cut into 2P equal chunks; rank r holds chunk r and chunk 2P-1-r, in that
+  /// order (every rank the same length, even). With a causal mask every rank then has the
+  /// same work: the load balancing of causal ring attention.
+  zigzag,
+};
+
+struct ring_options {
+  ring_layout layout = ring_layout::contiguous;
+};
+
+/// The work of one ring_attention call on this rank (optional output).
+struct ring_stats {
+  std::int64_t chunk_calls = 0;    // partial attention calls made (query part x key part)
+  std::int64_t chunks_masked = 0;  // pairs skipped because the masks exclude every key
+  std::int64_t bytes_sent = 0;     // K/V bytes this rank sent
+};
+
+namespace detail {
+
+/// MPI's return code as an alibi::error naming the call.
+inline void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int n = 0;
+  MPI_Error_string(rc, text, &n);
+  alibi::detail::raise(error(std::string("alibi::mpi: ") + what + " failed: " + text));
+}
+
+/// One contiguous run of a rank's sequence part: global position `pos`, `len` rows, starting
+/// at row `row` of the rank's tensors.
+struct segment {
+  index_t pos = 0, len = 0, row = 0;
+};
+
+/// The segments of rank r (lengths: every rank's sequence length).
+inline std::vector<segment> segments_of(ring_layout layout, int r,
+                                        const std::vector<index_t>& lengths) {
+  const int P = static_cast<int>(lengths.size());
+  if (layout == ring_layout::contiguous) {
+    index_t pos = 0;
+    for (int s = 0; s < r; ++s) pos += lengths[static_cast<std::size_t>(s)];
+    return {{pos, lengths[static_cast<std::size_t>(r)], 0}};
+  }
+  const index_t c = lengths[static_cast<std::size_t>(r)] / 2;
+  return {{r * c, c, 0}, {(2 * P - 1 - r) * c, c, c}};
+}
+
+/// Rows [row, row + len) of a (batch, heads, seq, dim) view.
+template <class T>
+tensor_view<T, 4> rows_of(tensor_view<T, 4> t, index_t row, index_t len) {
+  t.data += row * t.strides[2];
+  t.extents[2] = len;
+  return t;
+}
+template <class T>
+tensor_view<T, 3> rows_of(tensor_view<T, 3> t, index_t row, index_t len) {
+  t.data += row * t.strides[2];
+  t.extents[2] = len;
+  return t;
+}
+
+/// Whether the positional masks leave any key of [kpos, kpos + klen) to any query of
+/// [qpos, qpos + qlen) (the masks are monotone: the first and last rows bound the others).
+inline bool any_key(const mask_spec& m, index_t qpos, index_t qlen, index_t kpos, index_t klen) {
+  if (qlen == 0 || klen == 0) return false;
+  for (index_t i = 0; i < qlen; ++i)
+    if (!m.key_range(qpos + i, kpos, klen).empty()) return true;
+  return false;
+}
+
+/// What every rank must agree on, and this rank's own sizes, as int64 words (floats by
+/// their bits) for one MPI_Allgather.
+struct call_descriptor {
+  enum field {
+    local_ok,
+    batch,
+    q_heads,
+    kv_heads,
+    head_dim,
+    v_head_dim,
+    causal,
+    window_left,
+    window_right,
+    scale_set,
+    scale_bits,
+    slopes_enabled,
+    max_bias_bits,
+    slope_scale_bits,
+    global_heads,
+    head_offset,
+    skip,
+    layout,
+    with_lse,
+    seq_len,  // this rank's (may differ between ranks: not compared)
+    count
+  };
+  std::int64_t w[count] = {};
+};
+
+inline const char* field_name(int f) {
+  static const char* const names[] = {"the arguments' validity",
+                                      "batch",
+                                      "q heads",
+                                      "kv heads",
+                                      "head_dim",
+                                      "v_head_dim",
+                                      "mask.causal",
+                                      "mask.window_left",
+                                      "mask.window_right",
+                                      "whether scale is set",
+                                      "scale",
+                                      "slopes.enabled",
+                                      "slopes.max_bias",
+                                      "slopes.scale",
+                                      "slopes.global_heads",
+                                      "slopes.head_offset",
+                                      "skip_far_tiles",
+                                      "options.layout",
+                                      "whether logsumexp is asked for"};
+  return names[f];
+}
+
+inline std::int64_t float_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return static_cast<std::int64_t>(u);
+}
+
+}  // namespace detail
+
+/// Sequence-parallel self-attention of a batch whose sequences are split over the ranks of
+/// `comm` (every rank calls it, with the same batch, heads, dims, params and options): this
+/// rank's q (batch, q_heads, n, head_dim), k (batch, kv_heads, n, head_dim), v (batch,
+/// kv_heads, n, v_head_dim) hold the rows of its part (options.layout) and out (batch,
+/// q_heads, n, v_head_dim) receives them, as one attention() call over the whole sequences
+/// would give them. n may differ between ranks (contiguous layout). q and out may be any
+/// strides `attention()` accepts; lse (batch, q_heads, n), optional, receives the rows'
+/// logsumexp. Host backends (backend::eigen, backend::reference), float.
+///
+/// params: scale, mask (causal, windows), slopes and skip_far_tiles as in attention(),
+/// applied at global positions. Not supported yet (an alibi::error): per-batch lengths and
+/// offsets, the key mask, logsumexp and stats in params (use `lse`, `stats`).
+///
+/// Errors: an argument this rank refuses, or ranks that disagree on what must match, is an
+/// alibi::error on every rank (one MPI_Allgather of a small descriptor decides), never a hang.
+/// The K/V of a part go around the ring once (P - 1 messages of K and of V per rank, sent
+/// while the part in hand is computed); a part whose keys the masks exclude for every query
+/// (causal: the parts after this rank's) is not computed.
+template <class Backend>
+void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const float, 4> q,
+                    tensor_view<const float, 4> k, tensor_view<const float, 4> v,
+                    tensor_view<float, 4> out, const attention_params& params = {},
+                    const ring_options& options = {}, tensor_view<float, 3> lse = {},
+                    ring_stats* stats = nullptr) {
+  using alibi::detail::str;
+  using D = detail::call_descriptor;
+  const std::string fn = "alibi::mpi::ring_attention";
+  int rank = 0, P = 1;
+  detail::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  detail::check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+
+  // This rank's own checks, reported to every rank through the descriptor.
+  std::string local_error;
+  const index_t n = q.extents[2];
+  if (params.q_lengths.data || params.k_lengths.data || params.q_offsets.data ||
+      params.k_offsets.data || params.key_mask.data || params.logsumexp.data || params.stats)
+    local_error = fn +
+                  ": params.q_lengths, k_lengths, q_offsets, k_offsets, key_mask, logsumexp "
+                  "and stats are not supported (pass lse and stats as arguments)";
+  else if (k.extents[2] != n || v.extents[2] != n || out.extents[2] != n)
+    local_error = fn + ": q, k, v and out must hold the same rows (extent(2)): got " + str(n) +
+                  ", " + str(k.extents[2]) + ", " + str(v.extents[2]) + " and " +
+                  str(out.extents[2]);
+  else if (options.layout == ring_layout::zigzag && n % 2 != 0)
+    local_error = fn + ": the zigzag layout needs an even number of rows per rank, got " + str(n);
+  else if (lse.data && (lse.extents[0] != q.extents[0] || lse.extents[1] != q.extents[1] ||
+                        lse.extents[2] != n))
+    local_error = fn + ": lse must have shape (batch, q_heads, rows) of q";
+  else if (k.extents[3] != q.extents[3])
+    local_error = fn + ": q and k must have the same head_dim (extent(3))";
+  else if (k.extents[0] * k.extents[1] * n * std::max(k.extents[3], v.extents[3]) >
+           std::numeric_limits<int>::max())
+    local_error = fn +
+                  ": this rank's K or V part has more than 2^31 - 1 elements (one MPI "
+                  "message's count)";
+  else {
+    // The shapes attention() will see for one (query part, key part) pair.
+    const status s = can_implement(backend, q, k, v, out, [&] {
+      attention_params p = params;
+      p.mask = {};
+      return p;
+    }());
+    if (!s) local_error = s.message();
+  }
+
+  D mine;
+  mine.w[D::local_ok] = local_error.empty() ? 1 : 0;
+  mine.w[D::batch] = q.extents[0];
+  mine.w[D::q_heads] = q.extents[1];
+  mine.w[D::kv_heads] = k.extents[1];
+  mine.w[D::head_dim] = q.extents[3];
+  mine.w[D::v_head_dim] = v.extents[3];
+  mine.w[D::causal] = params.mask.causal ? 1 : 0;
+  mine.w[D::window_left] = params.mask.window_left;
+  mine.w[D::window_right] = params.mask.window_right;
+  mine.w[D::scale_set] = params.scale ? 1 : 0;
+  mine.w[D::scale_bits] = params.scale ? detail::float_bits(*params.scale) : 0;
+  mine.w[D::slopes_enabled] = params.slopes.enabled ? 1 : 0;
+  mine.w[D::max_bias_bits] = detail::float_bits(params.slopes.max_bias);
+  mine.w[D::slope_scale_bits] = detail::float_bits(params.slopes.scale);
+  mine.w[D::global_heads] = params.slopes.global_heads;
+  mine.w[D::head_offset] = params.slopes.head_offset;
+  mine.w[D::skip] = params.skip_far_tiles ? 1 : 0;
+  mine.w[D::layout] = static_cast<std::int64_t>(options.layout);
+  mine.w[D::with_lse] = lse.data ? 1 : 0;
+  mine.w[D::seq_len] = n;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(P) * D::count);
+  detail::check_mpi(
+      MPI_Allgather(mine.w, D::count, MPI_INT64_T, all.data(), D::count, MPI_INT64_T, comm),
+      "MPI_Allgather (argument check)");
+  auto word = [&](int r, int f) { return all[static_cast<std::size_t>(r) * D::count + f]; };
+  if (!local_error.empty()) alibi::detail::raise(error(local_error));
+  for (int r = 0; r < P; ++r)
+    if (word(r, D::local_ok) == 0)
+      alibi::detail::raise(error(fn + ": rank " + std::to_string(r) +
+                                 " refused its arguments (its error says why)"));
+  for (int f = D::batch; f < D::seq_len; ++f)
+    for (int r = 1; r < P; ++r)
+      if (word(r, f) != word(0, f))
+        alibi::detail::raise(error(fn + ": the ranks disagree on " + detail::field_name(f) +
+                                   ": rank 0 has " + std::to_string(word(0, f)) + ", rank " +
+                                   std::to_string(r) + " has " + std::to_string(word(r, f))));
+  std::vector<index_t> lengths(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) lengths[static_cast<std::size_t>(r)] = word(r, D::seq_len);
+  if (options.layout == ring_layout::zigzag)
+    for (int r = 1; r < P; ++r)
+      if (lengths[static_cast<std::size_t>(r)] != lengths[0])
+        alibi::detail::raise(error(fn +
+                                   ": the zigzag layout needs the same rows on every rank: "
+                                   "rank 0 has " +
+                                   str(lengths[0]) + ", rank " + std::to_string(r) + " has " +
+                                   str(lengths[static_cast<std::size_t>(r)])));
+
+  const index_t B = q.extents[0], Hq = q.extents[1], Hkv = k.extents[1];
+  const index_t Dk = k.extents[3], Dv = v.extents[3];
+  const std::vector<detail::segment> my_segments =
+      detail::segments_of(options.layout, rank, lengths);
+
+  // K/V parts travel as contiguous (batch, kv_heads, rows, dim) buffers; two of each, the one
+  // in hand and the one arriving.
+  index_t max_len = 0;
+  for (index_t len : lengths) max_len = std::max(max_len, len);
+  const std::size_t kcap = static_cast<std::size_t>(B * Hkv * max_len * Dk);
+  const std::size_t vcap = static_cast<std::size_t>(B * Hkv * max_len * Dv);
+  std::vector<float> kbuf[2] = {std::vector<float>(kcap), std::vector<float>(kcap)};
+  std::vector<float> vbuf[2] = {std::vector<float>(vcap), std::vector<float>(vcap)};
+  auto pack = [&](const tensor_view<const float, 4>& t, index_t d, float* dst) {
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hkv; ++h)
+        for (index_t j = 0; j < n; ++j)
+          std::memcpy(dst + ((b * Hkv + h) * n + j) * d, t.ptr(b, h, j),
+                      static_cast<std::size_t>(d) * sizeof(float));
+  };
+  pack(k, Dk, kbuf[0].data());
+  pack(v, Dv, vbuf[0].data());
+
+  // Partial results: (out, lse) accumulated in place; each further part into a scratch pair.
+  std::vector<float> acc_lse(static_cast<std::size_t>(B * Hq * n));
+  std::vector<float> part_out(static_cast<std::size_t>(B * Hq * n * Dv));
+  std::vector<float> part_lse(acc_lse.size());
+  const auto acc_lse_v = make_view(acc_lse.data(), B, Hq, n);
+  const auto part_out_v = make_view(part_out.data(), B, Hq, n, Dv);
+  const auto part_lse_v = make_view(part_lse.data(), B, Hq, n);
+  // Nothing yet: out 0 and lse -inf, which merge_partials treats as "no keys".
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < Hq; ++h)
+      for (index_t i = 0; i < n; ++i) std::fill(out.ptr(b, h, i), out.ptr(b, h, i) + Dv, 0.0f);
+  std::fill(acc_lse.begin(), acc_lse.end(), -std::numeric_limits<float>::infinity());
+
+  const int next = (rank + 1) % P, prev = (rank + P - 1) % P;
+  std::int64_t calls = 0, masked = 0, sent = 0;
+  for (int step = 0; step < P; ++step) {
+    const int src = (rank - step + P) % P;  // whose part is in hand
+    const int cur = step % 2;
+    const index_t src_len = lengths[static_cast<std::size_t>(src)];
+    // Start passing the part in hand on (it is what `next` needs at the next step), and
+    // receiving the one `prev` passes.
+    MPI_Request req[4];
+    int nreq = 0;
+    if (step + 1 < P) {
+      const int from = (rank - step - 1 + P) % P;
+      const index_t from_len = lengths[static_cast<std::size_t>(from)];
+      const int kn = static_cast<int>(B * Hkv * src_len * Dk),
+                vn = static_cast<int>(B * Hkv * src_len * Dv);
+      detail::check_mpi(
+          MPI_Isend(kbuf[cur].data(), kn, MPI_FLOAT, next, 2 * step, comm, &req[nreq++]),
+          "MPI_Isend (K)");
+      detail::check_mpi(
+          MPI_Isend(vbuf[cur].data(), vn, MPI_FLOAT, next, 2 * step + 1, comm, &req[nreq++]),
+          "MPI_Isend (V)");
+      detail::check_mpi(MPI_Irecv(kbuf[1 - cur].data(), static_cast<int>(B * Hkv * from_len * Dk),
+                                  MPI_FLOAT, prev, 2 * step, comm, &req[nreq++]),
+                        "MPI_Irecv (K)");
+      detail::check_mpi(MPI_Irecv(vbuf[1 - cur].data(), static_cast<int>(B * Hkv * from_len * Dv),
+                                  MPI_FLOAT, prev, 2 * step + 1, comm, &req[nreq++]),
+                        "MPI_Irecv (V)");
+      sent += static_cast<std::int64_t>(kn + vn) * static_cast<std::int64_t>(sizeof(float));
+    }
+    // The attention of every query segment of this rank over every key segment of `src`.
+    const auto kpart = make_view<const float>(kbuf[cur].data(), B, Hkv, src_len, Dk);
+    const auto vpart = make_view<const float>(vbuf[cur].data(), B, Hkv, src_len, Dv);
+    for (const detail::segment& qs : my_segments)
+      for (const detail::segment& ks : detail::segments_of(options.layout, src, lengths)) {
+        if (!detail::any_key(params.mask, qs.pos, qs.len, ks.pos, ks.len)) {
+          ++masked;
+          continue;
+        }
+        ++calls;
+        const std::vector<index_t> qoff(static_cast<std::size_t>(B), qs.pos);
+        const std::vector<index_t> koff(static_cast<std::size_t>(B), ks.pos);
+        attention_params p = params;
+        p.q_offsets = make_view(qoff.data(), B);
+        p.k_offsets = make_view(koff.data(), B);
+        p.logsumexp = detail::rows_of(part_lse_v, qs.row, qs.len);
+        const auto po = detail::rows_of(part_out_v, qs.row, qs.len);
+        attention(backend, detail::rows_of(q, qs.row, qs.len),
+                  detail::rows_of(kpart, ks.row, ks.len), detail::rows_of(vpart, ks.row, ks.len),
+                  po, p);
+        const auto ao = detail::rows_of(out, qs.row, qs.len);
+        const auto al = detail::rows_of(acc_lse_v, qs.row, qs.len);
+        merge_partials(backend, tensor_view<const float, 4>(ao), tensor_view<const float, 3>(al),
+                       tensor_view<const float, 4>(po), tensor_view<const float, 3>(p.logsumexp),
+                       ao, al);
+      }
+    if (nreq > 0)
+      detail::check_mpi(MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE), "MPI_Waitall (K/V ring)");
+  }
+  if (lse.data)
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hq; ++h)
+        for (index_t i = 0; i < n; ++i) lse(b, h, i) = acc_lse_v(b, h, i);
+  if (stats) {
+    stats->chunk_calls += calls;
+    stats->chunks_masked += masked;
+    stats->bytes_sent += sent;
+  }
+}
+
+}  // namespace mpi
+}  // namespace alibi

@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: MIT
+// alibi::mpi::ring_attention under mpirun (ctest label mpi, run with 1, 2, 3 and 4 ranks):
+// every rank builds the same whole sequences (fixed seeds), keeps its part (contiguous with
+// uneven lengths, or zigzag), and its rows of out and logsumexp must match the double-precision
+// reference over the whole sequences within the DESIGN rule, with the same-run single-process
+// fused result as the fp32 computation that sets the bound (2x its error plus 8 fp32 ulps of
+// the largest value). Inputs have NaN in row gaps; outputs have guard elements. Also the
+// errors: a rank that refuses its arguments and ranks that disagree raise alibi::error on
+// every rank. Exit status: the number of failed checks over all ranks (0 = pass).
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <alibi/alibi.hpp>
+#include <alibi/mpi.hpp>
+
+namespace {
+
+using alibi::index_t;
+constexpr float nan_f = std::numeric_limits<float>::quiet_NaN();
+constexpr float guard = 777.0f;
+
+int rank = 0, P = 1, failures = 0;
+
+void fail(const std::string& what) {
+  ++failures;
+  std::printf("rank %d: FAILED: %s\n", rank, what.c_str());
+}
+
+struct test_case {
+  std::string name;
+  alibi::mpi::ring_layout layout = alibi::mpi::ring_layout::contiguous;
+  bool causal = false, skip = true;
+  index_t window_left = -1, window_right = -1;
+  index_t Hq = 4, Hkv = 2, D = 32;
+  index_t base = 24;  // rows per rank (contiguous: rank r has base + 5 (r % 2))
+};
+
+/// Which global rows rank r holds, in the order of its tensors.
+std::vector<index_t> rows_of_rank(const test_case& c, int r, const std::vector<index_t>& len) {
+  std::vector<index_t> rows;
+  if (c.layout == alibi::mpi::ring_layout::contiguous) {
+    index_t pos = 0;
+    for (int s = 0; s < r; ++s) pos += len[static_cast<std::size_t>(s)];
+    for (index_t i = 0; i < len[static_cast<std::size_t>(r)]; ++i) rows.push_back(pos + i);
+  } else {
+    const index_t half = len[0] / 2;
+    for (index_t i = 0; i < half; ++i) rows.push_back(r * half + i);
+    for (index_t i = 0; i < half; ++i) rows.push_back((2 * P - 1 - r) * half + i);
+  }
+  return rows;
+}
+
+void run_case(const test_case& c) {
+  const index_t B = 2, Hq = c.Hq, Hkv = c.Hkv, D = c.D;
+  std::vector<index_t> len(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r)
+    len[static_cast<std::size_t>(r)] =
+        c.layout == alibi::mpi::ring_layout::contiguous ? c.base + 5 * (r % 2) : c.base;
+  index_t L = 0;
+  for (index_t n : len) L += n;
+  // The whole sequences, (B, H, L, D), the same on every rank.
+  std::mt19937 rng(17);
+  std::normal_distribution<float> randn;
+  auto fill = [&](index_t heads) {
+    std::vector<float> t(static_cast<std::size_t>(B * heads * L * D));
+    for (float& x : t) x = randn(rng);
+    return t;
+  };
+  const std::vector<float> q = fill(Hq), k = fill(Hkv), v = fill(Hkv);
+  alibi::attention_params params;
+  params.mask.causal = c.causal;
+  params.mask.window_left = c.window_left;
+  params.mask.window_right = c.window_right;
+  params.skip_far_tiles = c.skip;
+  // The single-process results: double reference and fused fp32.
+  std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
+  std::vector<double> ref(static_cast<std::size_t>(B * Hq * L * D));
+  std::vector<float> single(ref.size()), single_lse(static_cast<std::size_t>(B * Hq * L));
+  alibi::attention(alibi::backend::reference{},
+                   alibi::make_view<const double>(qd.data(), B, Hq, L, D),
+                   alibi::make_view<const double>(kd.data(), B, Hkv, L, D),
+                   alibi::make_view<const double>(vd.data(), B, Hkv, L, D),
+                   alibi::make_view(ref.data(), B, Hq, L, D), params);
+  {
+    alibi::attention_params p = params;
+    p.logsumexp = alibi::make_view(single_lse.data(), B, Hq, L);
+    alibi::attention(alibi::backend::eigen{1}, alibi::make_view<const float>(q.data(), B, Hq, L, D),
+                     alibi::make_view<const float>(k.data(), B, Hkv, L, D),
+                     alibi::make_view<const float>(v.data(), B, Hkv, L, D),
+                     alibi::make_view(single.data(), B, Hq, L, D), p);
+  }
+  // This rank's part, with row stride D + 3 and NaN in the gaps; out with guard elements.
+  const std::vector<index_t> mine = rows_of_rank(c, rank, len);
+  const index_t n = static_cast<index_t>(mine.size()), ld = D + 3;
+  auto part = [&](const std::vector<float>& t, index_t heads) {
+    std::vector<float> p(static_cast<std::size_t>(B * heads * n * ld), nan_f);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < heads; ++h)
+        for (index_t i = 0; i < n; ++i)
+          std::copy_n(t.begin() + ((b * heads + h) * L + mine[static_cast<std::size_t>(i)]) * D, D,
+                      p.begin() + ((b * heads + h) * n + i) * ld);
+    return p;
+  };
+  const std::vector<float> qp = part(q, Hq), kp = part(k, Hkv), vp = part(v, Hkv);
+  std::vector<float> out(static_cast<std::size_t>(B * Hq * n * ld), guard);
+  std::vector<float> lse(static_cast<std::size_t>(B * Hq * n), guard);
+  auto view = [&](const float* data, index_t heads) {
+    return alibi::make_strided_view<const float, 4>(data, {B, heads, n, D},
+                                                    {heads * n * ld, n * ld, ld, 1});
+  };
+  alibi::mpi::ring_options opt;
+  opt.layout = c.layout;
+  alibi::mpi::ring_stats stats;
+  try {
+    alibi::mpi::ring_attention(
+        MPI_COMM_WORLD, alibi::backend::eigen{1}, view(qp.data(), Hq), view(kp.data(), Hkv),
+        view(vp.data(), Hkv),
+        alibi::make_strided_view<float, 4>(out.data(), {B, Hq, n, D}, {Hq * n * ld, n * ld, ld, 1}),
+        params, opt, alibi::make_view(lse.data(), B, Hq, n), &stats);
+  } catch (const alibi::error& e) {
+    fail(c.name + ": " + e.what());
+    return;
+  }
+  double err = 0, single_err = 0, scale = 0, lse_err = 0;
+  bool nan = false, guards = true;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < Hq; ++h)
+      for (index_t i = 0; i < n; ++i) {
+        const index_t g = mine[static_cast<std::size_t>(i)];
+        for (index_t d = 0; d < ld; ++d) {
+          const float got = out[static_cast<std::size_t>(((b * Hq + h) * n + i) * ld + d)];
+          if (d >= D) {
+            guards = guards && got == guard;
+            continue;
+          }
+          const std::size_t at = static_cast<std::size_t>(((b * Hq + h) * L + g) * D + d);
+          nan = nan || std::isnan(got);
+          err = std::max(err, std::fabs(got - ref[at]));
+          single_err = std::max(single_err, std::fabs(single[at] - ref[at]));
+          scale = std::max(scale, std::fabs(ref[at]));
+        }
+        const float want = single_lse[static_cast<std::size_t>((b * Hq + h) * L + g)];
+        const float got = lse[static_cast<std::size_t>((b * Hq + h) * n + i)];
+        lse_err =
+            std::max<double>(lse_err, std::fabs(got - want) / std::max(1.0f, std::fabs(want)));
+      }
+  const double bound = 2 * single_err + 8 * 0x1p-24 * std::max(1.0, scale);
+  if (nan) fail(c.name + ": NaN in the output");
+  if (!guards) fail(c.name + ": a guard element between rows was written");
+  if (!(err <= bound))
+    fail(c.name + ": max |ring - ref64| " + std::to_string(err) + " > bound " +
+         std::to_string(bound));
+  // The logsumexp of a merge differs from one call's by rounding (log1p of a ratio): a few
+  // fp32 ulps of the value.
+  if (!(lse_err <= 1e-5)) fail(c.name + ": logsumexp relative error " + std::to_string(lse_err));
+  if (rank == 0)
+    std::printf("%d ranks, %-44s max err %.3g (bound %.3g), calls %lld, masked %lld, sent %lld B\n",
+                P, c.name.c_str(), err, bound, static_cast<long long>(stats.chunk_calls),
+                static_cast<long long>(stats.chunks_masked),
+                static_cast<long long>(stats.bytes_sent));
+}
+
+/// A call that must fail on every rank with a message containing `says`.
+template <class F>
+void expect_error(const std::string& name, const std::string& says, F&& call) {
+  try {
+    call();
+    fail(name + ": accepted");
+  } catch (const alibi::error& e) {
+    if (std::string(e.what()).find(says) == std::string::npos)
+      fail(name + ": the message '" + e.what() + "' does not say '" + says + "'");
+  }
+}
+
+void error_cases() {
+  const index_t B = 1, H = 2, n = 8;
+  std::vector<float> x(static_cast<std::size_t>(B * H * n * 32), 0.5f), o(x.size());
+  // Ranks that disagree on head_dim (only with more than one rank).
+  if (P > 1) {
+    const index_t D = rank == 1 ? 16 : 32;
+    expect_error("head_dim mismatch", "disagree on head_dim", [&] {
+      alibi::mpi::ring_attention(MPI_COMM_WORLD, alibi::backend::eigen{1},
+                                 alibi::make_view<const float>(x.data(), B, H, n, D),
+                                 alibi::make_view<const float>(x.data(), B, H, n, D),
+                                 alibi::make_view<const float>(x.data(), B, H, n, D),
+                                 alibi::make_view(o.data(), B, H, n, D));
+    });
+    alibi::attention_params causal;
+    causal.mask.causal = rank != 0;
+    expect_error("mask mismatch", "disagree on mask.causal", [&] {
+      alibi::mpi::ring_attention(MPI_COMM_WORLD, alibi::backend::eigen{1},
+                                 alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                 alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                 alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                 alibi::make_view(o.data(), B, H, n, 32), causal);
+    });
+  }
+  // Rank 0 passes an out of other rows: its own message there, "rank 0 refused" elsewhere.
+  const index_t rows_out = rank == 0 ? n - 1 : n;
+  expect_error("a refused argument", rank == 0 ? "must hold the same rows" : "rank 0 refused", [&] {
+    alibi::mpi::ring_attention(MPI_COMM_WORLD, alibi::backend::eigen{1},
+                               alibi::make_view<const float>(x.data(), B, H, n, 32),
+                               alibi::make_view<const float>(x.data(), B, H, n, 32),
+                               alibi::make_view<const float>(x.data(), B, H, n, 32),
+                               alibi::make_view(o.data(), B, H, rows_out, 32));
+  });
+  // Zigzag with an odd part.
+  alibi::mpi::ring_options zz;
+  zz.layout = alibi::mpi::ring_layout::zigzag;
+  expect_error("zigzag, odd rows", "even number of rows", [&] {
+    alibi::mpi::ring_attention(MPI_COMM_WORLD, alibi::backend::eigen{1},
+                               alibi::make_view<const float>(x.data(), B, H, n - 1, 32),
+                               alibi::make_view<const float>(x.data(), B, H, n - 1, 32),
+                               alibi::make_view<const float>(x.data(), B, H, n - 1, 32),
+                               alibi::make_view(o.data(), B, H, n - 1, 32), {}, zz);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  using alibi::mpi::ring_layout;
+  std::vector<test_case> cases;
+  for (ring_layout layout : {ring_layout::contiguous, ring_layout::zigzag})
+    for (bool causal : {false, true}) {
+      test_case c;
+      c.layout = layout;
+      c.causal = causal;
+      c.name = std::string(layout == ring_layout::zigzag ? "zigzag" : "contiguous (uneven)") +
+               (causal ? ", causal" : ", bidirectional") + ", GQA 4/2";
+      cases.push_back(c);
+    }
+  {
+    test_case c;
+    c.name = "contiguous, causal, window 20, skip off, MHA";
+    c.causal = true;
+    c.window_left = 20;
+    c.skip = false;
+    c.Hkv = 4;
+    cases.push_back(c);
+  }
+  {
+    test_case c;
+    c.name = "zigzag, bidirectional window (7, 3), D 64";
+    c.layout = ring_layout::zigzag;
+    c.window_left = 7;
+    c.window_right = 3;
+    c.D = 64;
+    cases.push_back(c);
+  }
+  {
+    test_case c;
+    c.name = "contiguous, causal, long (base 300), skip on";
+    c.causal = true;
+    c.base = 300;
+    cases.push_back(c);
+  }
+  for (const test_case& c : cases) run_case(c);
+  error_cases();
+  int total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) std::printf("%d ranks: %d failed checks\n", P, total);
+  MPI_Finalize();
+  return std::min(total, 100);
+}
