@@ -45,6 +45,7 @@ struct ring_stats {
   std::int64_t chunk_calls = 0;    // partial attention calls made (query part x key part)
   std::int64_t chunks_masked = 0;  // pairs skipped because the masks exclude every key
   std::int64_t bytes_sent = 0;     // K/V bytes this rank sent
+  double wait_seconds = 0;         // time blocked waiting for K/V messages (not hidden)
 };
 
 namespace detail {
@@ -311,6 +312,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
 
   const int next = (rank + 1) % P, prev = (rank + P - 1) % P;
   std::int64_t calls = 0, masked = 0, sent = 0;
+  double waited = 0;
   for (int step = 0; step < P; ++step) {
     const int src = (rank - step + P) % P;  // whose part is in hand
     const int cur = step % 2;
@@ -364,8 +366,11 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
                        tensor_view<const float, 4>(po), tensor_view<const float, 3>(p.logsumexp),
                        ao, al);
       }
-    if (nreq > 0)
+    if (nreq > 0) {
+      const double t0 = MPI_Wtime();
       detail::check_mpi(MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE), "MPI_Waitall (K/V ring)");
+      waited += MPI_Wtime() - t0;
+    }
   }
   if (lse.data)
     for (index_t b = 0; b < B; ++b)
@@ -375,6 +380,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     stats->chunk_calls += calls;
     stats->chunks_masked += masked;
     stats->bytes_sent += sent;
+    stats->wait_seconds += waited;
   }
 }
 
