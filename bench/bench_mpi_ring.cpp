@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Ring attention over MPI (alibi::mpi::ring_attention): a fixed problem (batch 1, 16 heads,
+// Ring and all-to-all attention over MPI (alibi::mpi::ring_attention, alltoall_attention): a
+// fixed problem (batch 1, 16 heads,
 // head_dim 64, causal, L = 16384 and 65536, far-tile skipping on) split over the ranks of
 // mpirun, one eigen thread per rank. Run it with 1 and with 2 ranks and compare the times:
 //
@@ -63,6 +64,42 @@ void BM_ring(benchmark::State& state) {
   state.counters["wait_s"] = stats.wait_seconds / it;
   state.counters["hidden"] = 1.0 - stats.wait_seconds / seconds;
 }
+
+/// All-to-all (Ulysses) attention on the same problem (16 heads: 1, 2, 4, 8 or 16 ranks).
+void BM_alltoall(benchmark::State& state) {
+  const index_t L = state.range(0), B = 1, H = 16, D = 64, n = L / ranks;
+  std::mt19937 rng(static_cast<unsigned>(rank + 1));
+  std::normal_distribution<float> randn;
+  std::vector<float> q(static_cast<std::size_t>(B * H * n * D)), k(q.size()), v(q.size()),
+      out(q.size());
+  for (auto* t : {&q, &k, &v})
+    for (float& x : *t) x = randn(rng);
+  alibi::attention_params params;
+  params.mask.causal = true;
+  for (auto _ : state) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    alibi::mpi::alltoall_attention(MPI_COMM_WORLD, alibi::backend::eigen{1},
+                                   alibi::make_view<const float>(q.data(), B, H, n, D),
+                                   alibi::make_view<const float>(k.data(), B, H, n, D),
+                                   alibi::make_view<const float>(v.data(), B, H, n, D),
+                                   alibi::make_view(out.data(), B, H, n, D), params);
+    MPI_Barrier(MPI_COMM_WORLD);
+    state.SetIterationTime(MPI_Wtime() - t0);
+  }
+  state.counters["ranks"] = ranks;
+  // q, k, v out and out back: (P - 1) / P of each.
+  state.counters["bytes_sent"] = 4.0 * B * H * n * D * sizeof(float) * (ranks - 1) / ranks;
+}
+
+BENCHMARK(BM_alltoall)
+    ->Arg(16384)
+    ->Arg(65536)
+    ->ArgNames({"L"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->Iterations(1)
+    ->Repetitions(3);
 
 BENCHMARK(BM_ring)
     ->ArgsProduct({{16384, 65536}, {0, 1}})

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
-// alibi::mpi::ring_attention under mpirun (ctest label mpi, run with 1, 2, 3 and 4 ranks):
-// every rank builds the same whole sequences (fixed seeds), keeps its part (contiguous with
-// uneven lengths, or zigzag), and its rows of out and logsumexp must match the double-precision
-// reference over the whole sequences within the DESIGN rule, with the same-run single-process
-// fused result as the fp32 computation that sets the bound (2x its error plus 8 fp32 ulps of
-// the largest value). Inputs have NaN in row gaps; outputs have guard elements. Also the
+// alibi::mpi::ring_attention and alltoall_attention under mpirun (ctest label mpi, run with 1, 2, 3
+// and 4 ranks): every rank builds the same whole sequences (fixed seeds), keeps its part
+// (contiguous with uneven lengths, or zigzag), and its rows of out and logsumexp must match the
+// double-precision reference over the whole sequences within the DESIGN rule, with the same-run
+// single-process fused result as the fp32 computation that sets the bound (2x its error plus 8 fp32
+// ulps of the largest value). Inputs have NaN in row gaps; outputs have guard elements. Also the
 // errors: a rank that refuses its arguments and ranks that disagree raise alibi::error on
 // every rank. Exit status: the number of failed checks over all ranks (0 = pass).
 #include <mpi.h>
@@ -39,7 +39,9 @@ struct test_case {
   bool causal = false, skip = true;
   index_t window_left = -1, window_right = -1;
   index_t Hq = 4, Hkv = 2, D = 32;
-  index_t base = 24;  // rows per rank (contiguous: rank r has base + 5 (r % 2))
+  index_t base = 24;           // rows per rank (contiguous: rank r has base + 5 (r % 2))
+  bool alltoall = false;       // alltoall_attention (equal contiguous parts) instead of the ring
+  bool caller_slopes = false;  // slopes given per head (0.05 .. 0.5) instead of generated
 };
 
 /// Which global rows rank r holds, in the order of its tensors.
@@ -62,7 +64,8 @@ void run_case(const test_case& c) {
   std::vector<index_t> len(static_cast<std::size_t>(P));
   for (int r = 0; r < P; ++r)
     len[static_cast<std::size_t>(r)] =
-        c.layout == alibi::mpi::ring_layout::contiguous ? c.base + 5 * (r % 2) : c.base;
+        c.layout == alibi::mpi::ring_layout::contiguous && !c.alltoall ? c.base + 5 * (r % 2)
+                                                                       : c.base;
   index_t L = 0;
   for (index_t n : len) L += n;
   // The whole sequences, (B, H, L, D), the same on every rank.
@@ -79,6 +82,9 @@ void run_case(const test_case& c) {
   params.mask.window_left = c.window_left;
   params.mask.window_right = c.window_right;
   params.skip_far_tiles = c.skip;
+  std::vector<float> slopes(static_cast<std::size_t>(Hq));
+  for (index_t h = 0; h < Hq; ++h) slopes[static_cast<std::size_t>(h)] = 0.05f + 0.45f * h / Hq;
+  if (c.caller_slopes) params.slopes = alibi::slope_config::per_head(slopes.data(), Hq);
   // The single-process results: double reference and fused fp32.
   std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
   std::vector<double> ref(static_cast<std::size_t>(B * Hq * L * D));
@@ -118,12 +124,17 @@ void run_case(const test_case& c) {
   alibi::mpi::ring_options opt;
   opt.layout = c.layout;
   alibi::mpi::ring_stats stats;
+  const auto out_view =
+      alibi::make_strided_view<float, 4>(out.data(), {B, Hq, n, D}, {Hq * n * ld, n * ld, ld, 1});
   try {
-    alibi::mpi::ring_attention(
-        MPI_COMM_WORLD, alibi::backend::eigen{1}, view(qp.data(), Hq), view(kp.data(), Hkv),
-        view(vp.data(), Hkv),
-        alibi::make_strided_view<float, 4>(out.data(), {B, Hq, n, D}, {Hq * n * ld, n * ld, ld, 1}),
-        params, opt, alibi::make_view(lse.data(), B, Hq, n), &stats);
+    if (c.alltoall)
+      alibi::mpi::alltoall_attention(MPI_COMM_WORLD, alibi::backend::eigen{1}, view(qp.data(), Hq),
+                                     view(kp.data(), Hkv), view(vp.data(), Hkv), out_view, params,
+                                     alibi::make_view(lse.data(), B, Hq, n));
+    else
+      alibi::mpi::ring_attention(MPI_COMM_WORLD, alibi::backend::eigen{1}, view(qp.data(), Hq),
+                                 view(kp.data(), Hkv), view(vp.data(), Hkv), out_view, params, opt,
+                                 alibi::make_view(lse.data(), B, Hq, n), &stats);
   } catch (const alibi::error& e) {
     fail(c.name + ": " + e.what());
     return;
@@ -211,6 +222,15 @@ void error_cases() {
                                alibi::make_view<const float>(x.data(), B, H, n, 32),
                                alibi::make_view(o.data(), B, H, rows_out, 32));
   });
+  // All-to-all with heads that do not divide among the ranks.
+  if (H % P != 0)
+    expect_error("alltoall, heads % ranks", "multiples of the number of ranks", [&] {
+      alibi::mpi::alltoall_attention(MPI_COMM_WORLD, alibi::backend::eigen{1},
+                                     alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                     alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                     alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                     alibi::make_view(o.data(), B, H, n, 32));
+    });
   // Zigzag with an odd part.
   alibi::mpi::ring_options zz;
   zz.layout = alibi::mpi::ring_layout::zigzag;
@@ -263,6 +283,38 @@ int main(int argc, char** argv) {
     c.name = "contiguous, causal, long (base 300), skip on";
     c.causal = true;
     c.base = 300;
+    cases.push_back(c);
+  }
+  // All-to-all: 24 query heads on 12 kv heads divide among 1, 2, 3 and 4 ranks.
+  for (bool causal : {false, true}) {
+    test_case c;
+    c.name = std::string("alltoall, ") + (causal ? "causal" : "bidirectional") + ", GQA 24/12";
+    c.alltoall = true;
+    c.causal = causal;
+    c.Hq = 24;
+    c.Hkv = 12;
+    c.D = 16;
+    c.base = 20;
+    cases.push_back(c);
+  }
+  {
+    test_case c;
+    c.name = "alltoall, causal, window 9, skip off, MHA 12";
+    c.alltoall = true;
+    c.causal = true;
+    c.window_left = 9;
+    c.skip = false;
+    c.Hq = c.Hkv = 12;
+    c.base = 16;
+    cases.push_back(c);
+  }
+  for (bool alltoall : {false, true}) {
+    test_case c;
+    c.name = std::string(alltoall ? "alltoall" : "ring") + ", causal, caller slopes, MHA 12";
+    c.alltoall = alltoall;
+    c.causal = true;
+    c.caller_slopes = true;
+    c.Hq = c.Hkv = 12;
     cases.push_back(c);
   }
   for (const test_case& c : cases) run_case(c);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The optional MPI component (CMake target alibi::mpi, which brings MPI::MPI_CXX; the core
 // library has no MPI dependency): sequence-parallel ALiBi attention over an MPI communicator.
+// alltoall_attention re-shards from sequence to heads and back (DeepSpeed-Ulysses).
 //
 // ring_attention: each rank holds the queries, keys and values of its part of every sequence
 // of the batch; the K/V parts travel around the ring of ranks with non-blocking MPI,
@@ -159,6 +160,96 @@ inline std::int64_t float_bits(float x) {
   return static_cast<std::int64_t>(u);
 }
 
+/// The arguments' check every function here starts with: this rank's own checks (and
+/// `extra_error`, a function's own refusal, when not empty), then one MPI_Allgather of a
+/// descriptor, after which every rank raises the same kind of alibi::error or none. Returns
+/// every rank's row count.
+template <class Backend>
+std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& backend,
+                           const tensor_view<const float, 4>& q,
+                           const tensor_view<const float, 4>& k,
+                           const tensor_view<const float, 4>& v, const tensor_view<float, 4>& out,
+                           const tensor_view<float, 3>& lse, const attention_params& params,
+                           std::int64_t layout, const std::string& extra_error) {
+  using alibi::detail::str;
+  using D = call_descriptor;
+  int P = 1;
+  check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+  // This rank's own checks, reported to every rank through the descriptor.
+  std::string local_error;
+  const index_t n = q.extents[2];
+  if (params.q_lengths.data || params.k_lengths.data || params.q_offsets.data ||
+      params.k_offsets.data || params.key_mask.data || params.logsumexp.data || params.stats)
+    local_error = fn +
+                  ": params.q_lengths, k_lengths, q_offsets, k_offsets, key_mask, logsumexp "
+                  "and stats are not supported (pass lse and stats as arguments)";
+  else if (k.extents[2] != n || v.extents[2] != n || out.extents[2] != n)
+    local_error = fn + ": q, k, v and out must hold the same rows (extent(2)): got " + str(n) +
+                  ", " + str(k.extents[2]) + ", " + str(v.extents[2]) + " and " +
+                  str(out.extents[2]);
+  else if (lse.data && (lse.extents[0] != q.extents[0] || lse.extents[1] != q.extents[1] ||
+                        lse.extents[2] != n))
+    local_error = fn + ": lse must have shape (batch, q_heads, rows) of q";
+  else if (k.extents[3] != q.extents[3])
+    local_error = fn + ": q and k must have the same head_dim (extent(3))";
+  else if (k.extents[0] * k.extents[1] * n * std::max(k.extents[3], v.extents[3]) >
+           std::numeric_limits<int>::max())
+    local_error = fn +
+                  ": this rank's K or V part has more than 2^31 - 1 elements (one MPI "
+                  "message's count)";
+  else if (!extra_error.empty())
+    local_error = extra_error;
+  else {
+    // The shapes attention() will see (the masks apply at other positions).
+    const status s = can_implement(backend, q, k, v, out, [&] {
+      attention_params p = params;
+      p.mask = {};
+      return p;
+    }());
+    if (!s) local_error = s.message();
+  }
+
+  D mine;
+  mine.w[D::local_ok] = local_error.empty() ? 1 : 0;
+  mine.w[D::batch] = q.extents[0];
+  mine.w[D::q_heads] = q.extents[1];
+  mine.w[D::kv_heads] = k.extents[1];
+  mine.w[D::head_dim] = q.extents[3];
+  mine.w[D::v_head_dim] = v.extents[3];
+  mine.w[D::causal] = params.mask.causal ? 1 : 0;
+  mine.w[D::window_left] = params.mask.window_left;
+  mine.w[D::window_right] = params.mask.window_right;
+  mine.w[D::scale_set] = params.scale ? 1 : 0;
+  mine.w[D::scale_bits] = params.scale ? float_bits(*params.scale) : 0;
+  mine.w[D::slopes_enabled] = params.slopes.enabled ? 1 : 0;
+  mine.w[D::max_bias_bits] = float_bits(params.slopes.max_bias);
+  mine.w[D::slope_scale_bits] = float_bits(params.slopes.scale);
+  mine.w[D::global_heads] = params.slopes.global_heads;
+  mine.w[D::head_offset] = params.slopes.head_offset;
+  mine.w[D::skip] = params.skip_far_tiles ? 1 : 0;
+  mine.w[D::layout] = layout;
+  mine.w[D::with_lse] = lse.data ? 1 : 0;
+  mine.w[D::seq_len] = n;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(P) * D::count);
+  check_mpi(MPI_Allgather(mine.w, D::count, MPI_INT64_T, all.data(), D::count, MPI_INT64_T, comm),
+            "MPI_Allgather (argument check)");
+  auto word = [&](int r, int f) { return all[static_cast<std::size_t>(r) * D::count + f]; };
+  if (!local_error.empty()) alibi::detail::raise(error(local_error));
+  for (int r = 0; r < P; ++r)
+    if (word(r, D::local_ok) == 0)
+      alibi::detail::raise(error(fn + ": rank " + std::to_string(r) +
+                                 " refused its arguments (its error says why)"));
+  for (int f = D::batch; f < D::seq_len; ++f)
+    for (int r = 1; r < P; ++r)
+      if (word(r, f) != word(0, f))
+        alibi::detail::raise(error(fn + ": the ranks disagree on " + field_name(f) +
+                                   ": rank 0 has " + std::to_string(word(0, f)) + ", rank " +
+                                   std::to_string(r) + " has " + std::to_string(word(r, f))));
+  std::vector<index_t> lengths(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) lengths[static_cast<std::size_t>(r)] = word(r, D::seq_len);
+  return lengths;
+}
+
 }  // namespace detail
 
 /// Sequence-parallel self-attention of a batch whose sequences are split over the ranks of
@@ -186,85 +277,17 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
                     const ring_options& options = {}, tensor_view<float, 3> lse = {},
                     ring_stats* stats = nullptr) {
   using alibi::detail::str;
-  using D = detail::call_descriptor;
   const std::string fn = "alibi::mpi::ring_attention";
   int rank = 0, P = 1;
   detail::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   detail::check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
 
-  // This rank's own checks, reported to every rank through the descriptor.
-  std::string local_error;
-  const index_t n = q.extents[2];
-  if (params.q_lengths.data || params.k_lengths.data || params.q_offsets.data ||
-      params.k_offsets.data || params.key_mask.data || params.logsumexp.data || params.stats)
-    local_error = fn +
-                  ": params.q_lengths, k_lengths, q_offsets, k_offsets, key_mask, logsumexp "
-                  "and stats are not supported (pass lse and stats as arguments)";
-  else if (k.extents[2] != n || v.extents[2] != n || out.extents[2] != n)
-    local_error = fn + ": q, k, v and out must hold the same rows (extent(2)): got " + str(n) +
-                  ", " + str(k.extents[2]) + ", " + str(v.extents[2]) + " and " +
-                  str(out.extents[2]);
-  else if (options.layout == ring_layout::zigzag && n % 2 != 0)
-    local_error = fn + ": the zigzag layout needs an even number of rows per rank, got " + str(n);
-  else if (lse.data && (lse.extents[0] != q.extents[0] || lse.extents[1] != q.extents[1] ||
-                        lse.extents[2] != n))
-    local_error = fn + ": lse must have shape (batch, q_heads, rows) of q";
-  else if (k.extents[3] != q.extents[3])
-    local_error = fn + ": q and k must have the same head_dim (extent(3))";
-  else if (k.extents[0] * k.extents[1] * n * std::max(k.extents[3], v.extents[3]) >
-           std::numeric_limits<int>::max())
-    local_error = fn +
-                  ": this rank's K or V part has more than 2^31 - 1 elements (one MPI "
-                  "message's count)";
-  else {
-    // The shapes attention() will see for one (query part, key part) pair.
-    const status s = can_implement(backend, q, k, v, out, [&] {
-      attention_params p = params;
-      p.mask = {};
-      return p;
-    }());
-    if (!s) local_error = s.message();
-  }
-
-  D mine;
-  mine.w[D::local_ok] = local_error.empty() ? 1 : 0;
-  mine.w[D::batch] = q.extents[0];
-  mine.w[D::q_heads] = q.extents[1];
-  mine.w[D::kv_heads] = k.extents[1];
-  mine.w[D::head_dim] = q.extents[3];
-  mine.w[D::v_head_dim] = v.extents[3];
-  mine.w[D::causal] = params.mask.causal ? 1 : 0;
-  mine.w[D::window_left] = params.mask.window_left;
-  mine.w[D::window_right] = params.mask.window_right;
-  mine.w[D::scale_set] = params.scale ? 1 : 0;
-  mine.w[D::scale_bits] = params.scale ? detail::float_bits(*params.scale) : 0;
-  mine.w[D::slopes_enabled] = params.slopes.enabled ? 1 : 0;
-  mine.w[D::max_bias_bits] = detail::float_bits(params.slopes.max_bias);
-  mine.w[D::slope_scale_bits] = detail::float_bits(params.slopes.scale);
-  mine.w[D::global_heads] = params.slopes.global_heads;
-  mine.w[D::head_offset] = params.slopes.head_offset;
-  mine.w[D::skip] = params.skip_far_tiles ? 1 : 0;
-  mine.w[D::layout] = static_cast<std::int64_t>(options.layout);
-  mine.w[D::with_lse] = lse.data ? 1 : 0;
-  mine.w[D::seq_len] = n;
-  std::vector<std::int64_t> all(static_cast<std::size_t>(P) * D::count);
-  detail::check_mpi(
-      MPI_Allgather(mine.w, D::count, MPI_INT64_T, all.data(), D::count, MPI_INT64_T, comm),
-      "MPI_Allgather (argument check)");
-  auto word = [&](int r, int f) { return all[static_cast<std::size_t>(r) * D::count + f]; };
-  if (!local_error.empty()) alibi::detail::raise(error(local_error));
-  for (int r = 0; r < P; ++r)
-    if (word(r, D::local_ok) == 0)
-      alibi::detail::raise(error(fn + ": rank " + std::to_string(r) +
-                                 " refused its arguments (its error says why)"));
-  for (int f = D::batch; f < D::seq_len; ++f)
-    for (int r = 1; r < P; ++r)
-      if (word(r, f) != word(0, f))
-        alibi::detail::raise(error(fn + ": the ranks disagree on " + detail::field_name(f) +
-                                   ": rank 0 has " + std::to_string(word(0, f)) + ", rank " +
-                                   std::to_string(r) + " has " + std::to_string(word(r, f))));
-  std::vector<index_t> lengths(static_cast<std::size_t>(P));
-  for (int r = 0; r < P; ++r) lengths[static_cast<std::size_t>(r)] = word(r, D::seq_len);
+  const std::vector<index_t> lengths = detail::agree(
+      comm, fn, backend, q, k, v, out, lse, params, static_cast<std::int64_t>(options.layout),
+      options.layout == ring_layout::zigzag && q.extents[2] % 2 != 0
+          ? fn + ": the zigzag layout needs an even number of rows per rank, got " +
+                str(q.extents[2])
+          : std::string());
   if (options.layout == ring_layout::zigzag)
     for (int r = 1; r < P; ++r)
       if (lengths[static_cast<std::size_t>(r)] != lengths[0])
@@ -274,7 +297,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
                                    str(lengths[0]) + ", rank " + std::to_string(r) + " has " +
                                    str(lengths[static_cast<std::size_t>(r)])));
 
-  const index_t B = q.extents[0], Hq = q.extents[1], Hkv = k.extents[1];
+  const index_t B = q.extents[0], Hq = q.extents[1], Hkv = k.extents[1], n = q.extents[2];
   const index_t Dk = k.extents[3], Dv = v.extents[3];
   const std::vector<detail::segment> my_segments =
       detail::segments_of(options.layout, rank, lengths);
@@ -382,6 +405,112 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     stats->bytes_sent += sent;
     stats->wait_seconds += waited;
   }
+}
+
+/// All-to-all (DeepSpeed-Ulysses) sequence-parallel self-attention: the same arguments and
+/// layout as ring_attention with contiguous parts of equal length n on every rank, and q_heads
+/// and kv_heads divisible by the number of ranks P. q, k and v are re-sharded from sequence
+/// to heads with MPI_Alltoall (rank r then holds heads [r Hq / P, (r + 1) Hq / P) of the whole
+/// sequences, and their kv heads), each rank runs one attention() call over the whole
+/// sequences on its heads with their global slopes (slopes.head_offset and global_heads, or
+/// its columns of caller slopes), and the outputs (and logsumexps) go back by a second
+/// all-to-all. One call per rank sees the whole sequence, so far-tile skipping is as
+/// effective as in one process; each rank sends and receives (P - 1) / P of its q, k, v
+/// and out.
+template <class Backend>
+void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const float, 4> q,
+                        tensor_view<const float, 4> k, tensor_view<const float, 4> v,
+                        tensor_view<float, 4> out, const attention_params& params = {},
+                        tensor_view<float, 3> lse = {}) {
+  using alibi::detail::str;
+  const std::string fn = "alibi::mpi::alltoall_attention";
+  int rank = 0, P = 1;
+  detail::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  detail::check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+  std::string refusal;
+  if (q.extents[1] % P != 0 || k.extents[1] % P != 0)
+    refusal = fn + ": q_heads (" + str(q.extents[1]) + ") and kv_heads (" + str(k.extents[1]) +
+              ") must be multiples of the number of ranks (" + std::to_string(P) + ")";
+  else if (params.slopes.values.data && params.slopes.values.extents[1] != q.extents[1])
+    refusal = fn + ": params.slopes.values must have one column per query head";
+  // 2 for the layout word: no ring layout, its own kind of call.
+  const std::vector<index_t> lengths =
+      detail::agree(comm, fn, backend, q, k, v, out, lse, params, 2, refusal);
+  for (int r = 1; r < P; ++r)
+    if (lengths[static_cast<std::size_t>(r)] != lengths[0])
+      alibi::detail::raise(error(fn + ": every rank must hold the same number of rows: rank 0 " +
+                                 "has " + str(lengths[0]) + ", rank " + std::to_string(r) +
+                                 " has " + str(lengths[static_cast<std::size_t>(r)])));
+  const index_t B = q.extents[0], n = q.extents[2], L = n * P;
+  const index_t hq = q.extents[1] / P, hkv = k.extents[1] / P;  // heads per rank
+  const index_t Dk = q.extents[3], Dv = v.extents[3];
+
+  // Sequence -> heads: block p of the send buffer is this rank's rows of rank p's heads,
+  // (batch, heads / P, n, dim); block p of the receive buffer is rank p's rows of this rank's
+  // heads, which are rows [p n, (p + 1) n) of the whole sequences.
+  auto to_heads = [&](const tensor_view<const float, 4>& t, index_t h_per, index_t d) {
+    const std::size_t block = static_cast<std::size_t>(B * h_per * n * d);
+    std::vector<float> send(block * static_cast<std::size_t>(P)), recv(send.size());
+    for (int p = 0; p < P; ++p)
+      for (index_t b = 0; b < B; ++b)
+        for (index_t h = 0; h < h_per; ++h)
+          for (index_t i = 0; i < n; ++i)
+            std::memcpy(send.data() + p * block + ((b * h_per + h) * n + i) * d,
+                        t.ptr(b, p * h_per + h, i), static_cast<std::size_t>(d) * sizeof(float));
+    detail::check_mpi(MPI_Alltoall(send.data(), static_cast<int>(block), MPI_FLOAT, recv.data(),
+                                   static_cast<int>(block), MPI_FLOAT, comm),
+                      "MPI_Alltoall (sequence to heads)");
+    std::vector<float> whole(send.size());  // (batch, h_per, L, d)
+    for (int p = 0; p < P; ++p)
+      for (index_t b = 0; b < B; ++b)
+        for (index_t h = 0; h < h_per; ++h)
+          std::memcpy(whole.data() + ((b * h_per + h) * L + p * n) * d,
+                      recv.data() + p * block + ((b * h_per + h) * n) * d,
+                      static_cast<std::size_t>(n * d) * sizeof(float));
+    return whole;
+  };
+  const std::vector<float> qh = to_heads(q, hq, Dk), kh = to_heads(k, hkv, Dk),
+                           vh = to_heads(v, hkv, Dv);
+  std::vector<float> oh(static_cast<std::size_t>(B * hq * L * Dv));
+  std::vector<float> lh(static_cast<std::size_t>(B * hq * L));
+  attention_params p = params;
+  if (p.slopes.values.data) {
+    p.slopes.values.data += rank * hq * p.slopes.values.strides[1];
+    p.slopes.values.extents[1] = hq;
+  } else {
+    p.slopes.global_heads = params.slopes.global_heads > 0 ? params.slopes.global_heads : hq * P;
+    p.slopes.head_offset = params.slopes.head_offset + rank * hq;
+  }
+  if (lse.data) p.logsumexp = make_view(lh.data(), B, hq, L);
+  attention(backend, make_view<const float>(qh.data(), B, hq, L, Dk),
+            make_view<const float>(kh.data(), B, hkv, L, Dk),
+            make_view<const float>(vh.data(), B, hkv, L, Dv), make_view(oh.data(), B, hq, L, Dv),
+            p);
+
+  // Heads -> sequence: block p is rank p's rows of this rank's heads.
+  auto to_rows = [&](const std::vector<float>& whole, index_t d, auto&& store) {
+    const std::size_t block = static_cast<std::size_t>(B * hq * n * d);
+    std::vector<float> send(block * static_cast<std::size_t>(P)), recv(send.size());
+    for (int r = 0; r < P; ++r)
+      for (index_t b = 0; b < B; ++b)
+        for (index_t h = 0; h < hq; ++h)
+          std::memcpy(send.data() + r * block + ((b * hq + h) * n) * d,
+                      whole.data() + ((b * hq + h) * L + r * n) * d,
+                      static_cast<std::size_t>(n * d) * sizeof(float));
+    detail::check_mpi(MPI_Alltoall(send.data(), static_cast<int>(block), MPI_FLOAT, recv.data(),
+                                   static_cast<int>(block), MPI_FLOAT, comm),
+                      "MPI_Alltoall (heads to sequence)");
+    for (int r = 0; r < P; ++r)
+      for (index_t b = 0; b < B; ++b)
+        for (index_t h = 0; h < hq; ++h)
+          for (index_t i = 0; i < n; ++i)
+            store(b, r * hq + h, i, recv.data() + r * block + ((b * hq + h) * n + i) * d);
+  };
+  to_rows(oh, Dv, [&](index_t b, index_t h, index_t i, const float* src) {
+    std::memcpy(out.ptr(b, h, i), src, static_cast<std::size_t>(Dv) * sizeof(float));
+  });
+  if (lse.data)
+    to_rows(lh, 1, [&](index_t b, index_t h, index_t i, const float* src) { lse(b, h, i) = *src; });
 }
 
 }  // namespace mpi
