@@ -17,7 +17,7 @@ LAYERS = [
     (4, [r"alibi/(attention|attention_backward|merge|bias_matrix|eigen|safetensors)\.hpp",
          r"alibi/layers/(config|ops)\.hpp"]),
     (5, [r"alibi/backend/(reference|eigen|cuda)/.*"]),
-    (6, [r"alibi/layers/.*"]),
+    (6, [r"alibi/layers/.*", r"alibi/mpi\.hpp"]),
     (7, [r"alibi/(alibi\.hpp|cuda\.cuh|layers\.hpp)", r"alibi/backend/(eigen|reference)\.hpp"]),
 ]
 
