@@ -25,18 +25,28 @@ namespace {
 
 using alibi::index_t;
 int rank = 0, ranks = 1;
+constexpr index_t B = 1, H = 16, D = 64;
+
+/// This rank's n rows of q, k, v (random, seeded by the rank) and room for out, each
+/// (B, H, n, D).
+struct rank_part {
+  std::vector<float> t[4];
+  explicit rank_part(index_t n) {
+    std::mt19937 rng(static_cast<unsigned>(rank + 1));
+    std::normal_distribution<float> randn;
+    for (auto& x : t) x.resize(static_cast<std::size_t>(B * H * n * D));
+    for (int i = 0; i < 3; ++i)
+      for (float& x : t[i]) x = randn(rng);
+  }
+};
 
 // Args: total length, layout (0 contiguous, 1 zigzag).
 void BM_ring(benchmark::State& state) {
-  const index_t L = state.range(0), B = 1, H = 16, D = 64, n = L / ranks;
+  const index_t L = state.range(0), n = L / ranks;
   const auto layout =
       state.range(1) ? alibi::mpi::ring_layout::zigzag : alibi::mpi::ring_layout::contiguous;
-  std::mt19937 rng(static_cast<unsigned>(rank + 1));
-  std::normal_distribution<float> randn;
-  std::vector<float> q(static_cast<std::size_t>(B * H * n * D)), k(q.size()), v(q.size()),
-      out(q.size());
-  for (auto* t : {&q, &k, &v})
-    for (float& x : *t) x = randn(rng);
+  rank_part x(n);
+  auto& [q, k, v, out] = x.t;
   alibi::attention_params params;
   params.mask.causal = true;
   alibi::mpi::ring_options opt;
@@ -67,13 +77,9 @@ void BM_ring(benchmark::State& state) {
 
 /// All-to-all (Ulysses) attention on the same problem (16 heads: 1, 2, 4, 8 or 16 ranks).
 void BM_alltoall(benchmark::State& state) {
-  const index_t L = state.range(0), B = 1, H = 16, D = 64, n = L / ranks;
-  std::mt19937 rng(static_cast<unsigned>(rank + 1));
-  std::normal_distribution<float> randn;
-  std::vector<float> q(static_cast<std::size_t>(B * H * n * D)), k(q.size()), v(q.size()),
-      out(q.size());
-  for (auto* t : {&q, &k, &v})
-    for (float& x : *t) x = randn(rng);
+  const index_t L = state.range(0), n = L / ranks;
+  rank_part x(n);
+  auto& [q, k, v, out] = x.t;
   alibi::attention_params params;
   params.mask.causal = true;
   for (auto _ : state) {
