@@ -4,7 +4,9 @@
 // (contiguous with uneven lengths, or zigzag), and its rows of out and logsumexp must match the
 // double-precision reference over the whole sequences within the DESIGN rule, with the same-run
 // single-process fused result as the fp32 computation that sets the bound (2x its error plus 8 fp32
-// ulps of the largest value). Inputs have NaN in row gaps; outputs have guard elements. Also the
+// ulps of the largest value). Inputs have NaN in row gaps; outputs have guard elements. Far-chunk
+// skipping must skip pairs where the slopes make them negligible (3 or more ranks) and none when a
+// large-norm key could matter or when it is off. Also the
 // errors: a rank that refuses its arguments and ranks that disagree raise alibi::error on
 // every rank. Exit status: the number of failed checks over all ranks (0 = pass).
 #include <mpi.h>
@@ -42,6 +44,10 @@ struct test_case {
   index_t base = 24;           // rows per rank (contiguous: rank r has base + 5 (r % 2))
   bool alltoall = false;       // alltoall_attention (equal contiguous parts) instead of the ring
   bool caller_slopes = false;  // slopes given per head (0.05 .. 0.5) instead of generated
+  float max_bias = 8.0f;       // of the generated slopes
+  bool big_key = false;        // key 2 of every (batch, kv head) has 40x the norm of the others
+  bool expect_skips = false;   // with 3 or more ranks, far-chunk skipping must skip pairs
+  bool far_chunks = true;      // ring_options::skip_far_chunks
 };
 
 /// Which global rows rank r holds, in the order of its tensors.
@@ -76,8 +82,15 @@ void run_case(const test_case& c) {
     for (float& x : t) x = randn(rng);
     return t;
   };
-  const std::vector<float> q = fill(Hq), k = fill(Hkv), v = fill(Hkv);
+  const std::vector<float> q = fill(Hq), v = fill(Hkv);
+  std::vector<float> k = fill(Hkv);
+  // Why: a key far from most queries whose score beats every ALiBi penalty (|q.k| ~ 40 |q|
+  // |k|); the bound must see its norm and keep its part from being skipped.
+  if (c.big_key)
+    for (index_t bh = 0; bh < B * Hkv; ++bh)
+      for (index_t d = 0; d < D; ++d) k[static_cast<std::size_t>((bh * L + 2) * D + d)] *= 40.0f;
   alibi::attention_params params;
+  params.slopes.max_bias = c.max_bias;
   params.mask.causal = c.causal;
   params.mask.window_left = c.window_left;
   params.mask.window_right = c.window_right;
@@ -123,6 +136,7 @@ void run_case(const test_case& c) {
   };
   alibi::mpi::ring_options opt;
   opt.layout = c.layout;
+  opt.skip_far_chunks = c.far_chunks;
   alibi::mpi::ring_stats stats;
   const auto out_view =
       alibi::make_strided_view<float, 4>(out.data(), {B, Hq, n, D}, {Hq * n * ld, n * ld, ld, 1});
@@ -171,11 +185,19 @@ void run_case(const test_case& c) {
   // The logsumexp of a merge differs from one call's by rounding (log1p of a ratio): a few
   // fp32 ulps of the value.
   if (!(lse_err <= 1e-5)) fail(c.name + ": logsumexp relative error " + std::to_string(lse_err));
+  // The far-chunk plan: with 3 or more ranks the third part is > base rows from the first.
+  long long skipped = stats.chunks_skipped, all_skipped = 0;
+  MPI_Allreduce(&skipped, &all_skipped, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (c.expect_skips && P >= 3 && all_skipped == 0) fail(c.name + ": no pair was skipped");
+  if ((!c.skip || !c.far_chunks || c.big_key) && all_skipped != 0)
+    fail(c.name + ": " + std::to_string(all_skipped) + " pairs skipped (none may be)");
   if (rank == 0)
-    std::printf("%d ranks, %-44s max err %.3g (bound %.3g), calls %lld, masked %lld, sent %lld B\n",
-                P, c.name.c_str(), err, bound, static_cast<long long>(stats.chunk_calls),
-                static_cast<long long>(stats.chunks_masked),
-                static_cast<long long>(stats.bytes_sent));
+    std::printf(
+        "%d ranks, %-50s max err %.3g (bound %.3g), calls %lld, masked %lld, skipped "
+        "%lld (all ranks %lld), sent %lld B, saved %lld B\n",
+        P, c.name.c_str(), err, bound, static_cast<long long>(stats.chunk_calls),
+        static_cast<long long>(stats.chunks_masked), skipped, all_skipped,
+        static_cast<long long>(stats.bytes_sent), static_cast<long long>(stats.bytes_saved));
 }
 
 /// A call that must fail on every rank with a message containing `says`.
@@ -211,6 +233,17 @@ void error_cases() {
                                  alibi::make_view<const float>(x.data(), B, H, n, 32),
                                  alibi::make_view<const float>(x.data(), B, H, n, 32),
                                  alibi::make_view(o.data(), B, H, n, 32), causal);
+    });
+  }
+  if (P > 1) {
+    alibi::mpi::ring_options far;
+    far.skip_far_chunks = rank != 1;
+    expect_error("far-chunk option mismatch", "disagree on options.skip_far_chunks", [&] {
+      alibi::mpi::ring_attention(MPI_COMM_WORLD, alibi::backend::eigen{1},
+                                 alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                 alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                 alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                 alibi::make_view(o.data(), B, H, n, 32), {}, far);
     });
   }
   // Rank 0 passes an out of other rows: its own message there, "rank 0 refused" elsewhere.
@@ -283,6 +316,33 @@ int main(int argc, char** argv) {
     c.name = "contiguous, causal, long (base 300), skip on";
     c.causal = true;
     c.base = 300;
+    cases.push_back(c);
+  }
+  // Far-chunk skipping: steep slopes (max_bias 2: 2^-0.5 .. 2^-2) and parts of 120 rows, so
+  // that parts two ranks apart are negligible; and the same with one large-norm key in the
+  // first part, which no part may skip. Bidirectional too (skipping on both sides), zigzag
+  // (rank 0 skips the pairs of its far chunk with the first ones).
+  for (int variant = 0; variant < 4; ++variant) {
+    test_case c;
+    c.causal = variant != 2;
+    c.layout = variant == 3 ? ring_layout::zigzag : ring_layout::contiguous;
+    c.big_key = variant == 1;
+    c.expect_skips = !c.big_key;
+    c.max_bias = 2.0f;
+    c.base = 120;
+    c.name = std::string("far-chunk skipping, ") + (variant == 3 ? "zigzag" : "contiguous") +
+             (c.causal ? ", causal" : ", bidirectional") + (c.big_key ? ", a large-norm key" : "");
+    cases.push_back(c);
+  }
+  for (bool tiles : {false, true}) {
+    test_case c;
+    c.name = tiles ? "far-chunk skipping off (skip_far_chunks false)"
+                   : "far-chunk skipping off (skip_far_tiles false)";
+    c.causal = true;
+    c.skip = tiles;
+    c.far_chunks = !tiles;
+    c.max_bias = 2.0f;
+    c.base = 120;
     cases.push_back(c);
   }
   // All-to-all: 24 query heads on 12 kv heads divide among 1, 2, 3 and 4 ranks.

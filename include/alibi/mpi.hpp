@@ -8,11 +8,14 @@
 // overlapped with the attention on the part in hand, and each rank merges its partial results
 // (out, logsumexp) with merge_partials. Positions are global (q_offsets / k_offsets of each
 // partial call), so the ALiBi distances and the masks are those of the whole sequence.
+// Pairs of parts that ALiBi makes negligible are skipped by the far-tile bound (far-chunk
+// skipping), and a part that no later rank needs stops travelling.
 #pragma once
 
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "alibi/attention.hpp"
+#include "alibi/detail/far_tiles.hpp"
 #include "alibi/error.hpp"
 #include "alibi/merge.hpp"
 
@@ -39,14 +43,21 @@ enum class ring_layout {
 
 struct ring_options {
   ring_layout layout = ring_layout::contiguous;
+  /// Far-chunk skipping (with params.skip_far_tiles and ALiBi slopes on): a pair (query
+  /// part, key part) whose whole softmax weight the far-tile bound proves negligible for
+  /// every row is not computed, and a K/V part that no later rank on the ring needs is not
+  /// sent on. false computes (and sends) every pair the masks allow.
+  bool skip_far_chunks = true;
 };
 
 /// The work of one ring_attention call on this rank (optional output).
 struct ring_stats {
-  std::int64_t chunk_calls = 0;    // partial attention calls made (query part x key part)
-  std::int64_t chunks_masked = 0;  // pairs skipped because the masks exclude every key
-  std::int64_t bytes_sent = 0;     // K/V bytes this rank sent
-  double wait_seconds = 0;         // time blocked waiting for K/V messages (not hidden)
+  std::int64_t chunk_calls = 0;     // partial attention calls made (query part x key part)
+  std::int64_t chunks_masked = 0;   // pairs skipped because the masks exclude every key
+  std::int64_t chunks_skipped = 0;  // pairs skipped by the far-chunk bound
+  std::int64_t bytes_sent = 0;      // K/V bytes this rank sent
+  std::int64_t bytes_saved = 0;     // K/V bytes a full ring would have sent and this rank did not
+  double wait_seconds = 0;          // time blocked waiting for K/V messages (not hidden)
 };
 
 namespace detail {
@@ -102,6 +113,70 @@ inline bool any_key(const mask_spec& m, index_t qpos, index_t qlen, index_t kpos
   return false;
 }
 
+/// max(a, b), NaN when either is NaN (a NaN key norm must keep its chunk from being skipped).
+inline float nan_max(float a, float b) { return a != a || b != b ? a + b : std::max(a, b); }
+
+/// The far-chunk plan of ring_attention: which pairs (query segment of this rank, key
+/// segment of a rank) ALiBi makes negligible. The bound is far-tile skipping's
+/// (detail::far_tile_bound), with the row's logsumexp over its own segment (a lower bound of
+/// the final one) as the normalizer and the largest key norm at or beyond the key segment on
+/// its side, gathered from every rank.
+struct far_chunks {
+  alibi::detail::attention_problem prob;
+  index_t B = 0, Hq = 0, Hkv = 0;
+  std::vector<segment> segs;  // every rank's segments, rank-major, global positions
+  std::vector<float> kmax;    // (segs, batch, kv_heads): max |k| of each segment
+  std::vector<float> qnorm;   // (batch, q_heads, rows): |q| of this rank's rows
+
+  /// The largest key norm of (b, kv head hk) over the keys before `end` (left) or from
+  /// `begin` on (right).
+  float beyond(bool left, index_t edge, index_t b, index_t hk) const {
+    float m = 0.0f;
+    for (std::size_t g = 0; g < segs.size(); ++g)
+      if (left ? segs[g].pos + segs[g].len <= edge : segs[g].pos >= edge)
+        m = nan_max(m, kmax[(g * static_cast<std::size_t>(B) + static_cast<std::size_t>(b)) *
+                                static_cast<std::size_t>(Hkv) +
+                            static_cast<std::size_t>(hk)]);
+    return m;
+  }
+
+  /// Whether key segment ks is negligible for every row of query segment qs (disjoint),
+  /// given the rows' logsumexp so far, `lse` (batch, q_heads, rows of this rank).
+  bool negligible(const segment& qs, const segment& ks,
+                  const tensor_view<const float, 3>& lse) const {
+    const bool left = ks.pos + ks.len <= qs.pos;
+    if (!left && ks.pos < qs.pos + qs.len) return false;  // overlapping: never
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hq; ++h) {
+        const float slope = prob.slope(b, h);
+        if (!(slope > 0.0f) || !std::isfinite(slope)) return false;
+        const auto bound = alibi::detail::far_tile_bound::make(prob.scale, slope);
+        const float km = beyond(left, left ? ks.pos + ks.len : ks.pos, b, prob.kv_head(h));
+        for (index_t i = 0; i < qs.len; ++i) {
+          const index_t qpos = qs.pos + i, row = qs.row + i;
+          const index_t dn = left ? qpos - (ks.pos + ks.len - 1) : ks.pos - qpos;
+          const double l = static_cast<double>(lse(b, h, row));
+          const float qn = qnorm[static_cast<std::size_t>((b * Hq + h) * lse.extents[2] + row)];
+          // A row without keys so far (l = -inf) has no normalizer to compare with.
+          if (!(l > -1e300) ||
+              !(bound.log_bound(qn, km, dn) - l <= alibi::detail::skip_log_epsilon))
+            return false;
+        }
+      }
+    return true;
+  }
+};
+
+/// The Euclidean norm of a row of d floats, rounded up to a float (the bound must not
+/// be below the exact norm).
+inline float row_norm(const float* x, index_t d) {
+  double s = 0;
+  for (index_t j = 0; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
+  const double r = std::sqrt(s);
+  const float f = static_cast<float>(r);
+  return f < r ? std::nextafter(f, std::numeric_limits<float>::infinity()) : f;
+}
+
 /// What every rank must agree on, and this rank's own sizes, as int64 words (floats by
 /// their bits) for one MPI_Allgather.
 struct call_descriptor {
@@ -124,6 +199,7 @@ struct call_descriptor {
     head_offset,
     skip,
     layout,
+    far_chunks,
     with_lse,
     seq_len,  // this rank's (may differ between ranks: not compared)
     count
@@ -150,6 +226,7 @@ inline const char* field_name(int f) {
                                       "slopes.head_offset",
                                       "skip_far_tiles",
                                       "options.layout",
+                                      "options.skip_far_chunks",
                                       "whether logsumexp is asked for"};
   return names[f];
 }
@@ -170,7 +247,7 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
                            const tensor_view<const float, 4>& k,
                            const tensor_view<const float, 4>& v, const tensor_view<float, 4>& out,
                            const tensor_view<float, 3>& lse, const attention_params& params,
-                           std::int64_t layout, const std::string& extra_error) {
+                           std::int64_t layout, bool far_chunks, const std::string& extra_error) {
   using alibi::detail::str;
   using D = call_descriptor;
   int P = 1;
@@ -228,6 +305,7 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   mine.w[D::head_offset] = params.slopes.head_offset;
   mine.w[D::skip] = params.skip_far_tiles ? 1 : 0;
   mine.w[D::layout] = layout;
+  mine.w[D::far_chunks] = far_chunks ? 1 : 0;
   mine.w[D::with_lse] = lse.data ? 1 : 0;
   mine.w[D::seq_len] = n;
   std::vector<std::int64_t> all(static_cast<std::size_t>(P) * D::count);
@@ -267,9 +345,24 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
 ///
 /// Errors: an argument this rank refuses, or ranks that disagree on what must match, is an
 /// alibi::error on every rank (one MPI_Allgather of a small descriptor decides), never a hang.
-/// The K/V of a part go around the ring once (P - 1 messages of K and of V per rank, sent
-/// while the part in hand is computed); a part whose keys the masks exclude for every query
-/// (causal: the parts after this rank's) is not computed.
+/// The K/V of a part go around the ring at most once (K and V messages to the next rank, sent
+/// while the part in hand is computed), and only as far as a later rank needs them: a pair
+/// (query segment, key segment) whose keys the masks exclude for every query (causal: the
+/// parts after this rank's) is not computed, and a part is not sent on when no rank after
+/// the next one computes with it.
+///
+/// Far-chunk skipping (options.skip_far_chunks, params.skip_far_tiles, slopes on): each
+/// rank first computes each of its segments against itself; then, for every other pair, the
+/// far-tile bound (README, "Far-tile skipping") with each row's logsumexp so far, its query
+/// norm, and the largest key norm (gathered from every rank) at or beyond the key segment on
+/// its side decides whether the pair's whole weight, with every farther key's, is below
+/// 2^-25 of the row's normalizer for every row of the segment, head and batch entry. Such
+/// pairs are skipped; one MPI_Allgather of the decisions tells every rank which parts to
+/// send on. The skipped keys of a side lie at or beyond the nearest skipped segment, whose
+/// bound covers them all, so a row loses at most 2^-24 of its softmax mass (output change
+/// < 2^-24 max|v|) to it, besides what far-tile skipping inside each partial call loses
+/// (also < 2^-24). A NaN or infinite key norm, a NaN query, or a non-positive slope never
+/// allows a skip.
 template <class Backend>
 void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const float, 4> q,
                     tensor_view<const float, 4> k, tensor_view<const float, 4> v,
@@ -282,12 +375,13 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   detail::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   detail::check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
 
-  const std::vector<index_t> lengths = detail::agree(
-      comm, fn, backend, q, k, v, out, lse, params, static_cast<std::int64_t>(options.layout),
-      options.layout == ring_layout::zigzag && q.extents[2] % 2 != 0
-          ? fn + ": the zigzag layout needs an even number of rows per rank, got " +
-                str(q.extents[2])
-          : std::string());
+  const std::vector<index_t> lengths =
+      detail::agree(comm, fn, backend, q, k, v, out, lse, params,
+                    static_cast<std::int64_t>(options.layout), options.skip_far_chunks,
+                    options.layout == ring_layout::zigzag && q.extents[2] % 2 != 0
+                        ? fn + ": the zigzag layout needs an even number of rows per rank, got " +
+                              str(q.extents[2])
+                        : std::string());
   if (options.layout == ring_layout::zigzag)
     for (int r = 1; r < P; ++r)
       if (lengths[static_cast<std::size_t>(r)] != lengths[0])
@@ -299,8 +393,32 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
 
   const index_t B = q.extents[0], Hq = q.extents[1], Hkv = k.extents[1], n = q.extents[2];
   const index_t Dk = k.extents[3], Dv = v.extents[3];
-  const std::vector<detail::segment> my_segments =
-      detail::segments_of(options.layout, rank, lengths);
+  std::vector<std::vector<detail::segment>> segs(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r)
+    segs[static_cast<std::size_t>(r)] = detail::segments_of(options.layout, r, lengths);
+  const std::vector<detail::segment>& my_segments = segs[static_cast<std::size_t>(rank)];
+  const std::size_t nseg = my_segments.size();  // the same on every rank
+
+  // need[x P + s]: whether rank x computes anything with the K/V part of rank s. First from
+  // the masks alone (every rank can tell); with far-chunk skipping, after this rank's own
+  // diagonal, from the bound (gathered from every rank). Rank x passes the part of s on
+  // only while a rank after it on the ring needs it, so skipped parts stop travelling.
+  std::vector<int> need(static_cast<std::size_t>(P) * static_cast<std::size_t>(P), 0);
+  for (int x = 0; x < P; ++x)
+    for (int s = 0; s < P; ++s)
+      for (const detail::segment& qs : segs[static_cast<std::size_t>(x)])
+        for (const detail::segment& ks : segs[static_cast<std::size_t>(s)])
+          if (detail::any_key(params.mask, qs.pos, qs.len, ks.pos, ks.len))
+            need[static_cast<std::size_t>(x * P + s)] = 1;
+  // Whether rank x, holding the part of rank x - t at step t, sends it on.
+  auto forwards = [&](int x, int t) {
+    const int s = ((x - t) % P + P) % P;
+    for (int u = t + 1; u < P; ++u)
+      if (need[static_cast<std::size_t>(((s + u) % P) * P + s)]) return true;
+    return false;
+  };
+  const bool skipping =
+      options.skip_far_chunks && params.skip_far_tiles && params.slopes.enabled && P * nseg > 1;
 
   // K/V parts travel as contiguous (batch, kv_heads, rows, dim) buffers; two of each, the one
   // in hand and the one arriving.
@@ -334,19 +452,90 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   std::fill(acc_lse.begin(), acc_lse.end(), -std::numeric_limits<float>::infinity());
 
   const int next = (rank + 1) % P, prev = (rank + P - 1) % P;
-  std::int64_t calls = 0, masked = 0, sent = 0;
+  std::int64_t calls = 0, masked = 0, skipped = 0, sent = 0, full_ring = 0;
   double waited = 0;
+  // What to do with each pair (query segment a, key segment c of rank s), index (s nseg + a)
+  // nseg + c: computed, masked out, or skipped by the bound.
+  enum class pair_plan : char { compute, masked, skipped };
+  std::vector<pair_plan> plan(static_cast<std::size_t>(P) * nseg * nseg);
+  auto plan_of = [&](int s, std::size_t a, std::size_t c) -> pair_plan& {
+    return plan[(static_cast<std::size_t>(s) * nseg + a) * nseg + c];
+  };
+  for (int s = 0; s < P; ++s)
+    for (std::size_t a = 0; a < nseg; ++a)
+      for (std::size_t c = 0; c < nseg; ++c) {
+        const detail::segment &qs = my_segments[a], &ks = segs[static_cast<std::size_t>(s)][c];
+        plan_of(s, a, c) = detail::any_key(params.mask, qs.pos, qs.len, ks.pos, ks.len)
+                               ? pair_plan::compute
+                               : pair_plan::masked;
+      }
+  // The far-chunk plan needs the key norms of every segment (one MPI_Allgather of
+  // (batch, kv_heads) maxima per segment) and this rank's query norms.
+  detail::far_chunks far;
+  if (skipping) {
+    attention_params pp = params;
+    pp.mask = {};
+    alibi::detail::make_problem(q, k, v, out, pp, true, far.prob, fn.c_str()).throw_if_failed();
+    far.B = B;
+    far.Hq = Hq;
+    far.Hkv = Hkv;
+    for (const auto& rs : segs) far.segs.insert(far.segs.end(), rs.begin(), rs.end());
+    std::vector<float> mine(nseg * static_cast<std::size_t>(B * Hkv));
+    for (std::size_t a = 0; a < nseg; ++a)
+      for (index_t b = 0; b < B; ++b)
+        for (index_t h = 0; h < Hkv; ++h) {
+          float m = 0.0f;
+          for (index_t j = 0; j < my_segments[a].len; ++j)
+            m = detail::nan_max(m, detail::row_norm(k.ptr(b, h, my_segments[a].row + j), Dk));
+          mine[(a * static_cast<std::size_t>(B) + static_cast<std::size_t>(b)) *
+                   static_cast<std::size_t>(Hkv) +
+               static_cast<std::size_t>(h)] = m;
+        }
+    far.kmax.resize(mine.size() * static_cast<std::size_t>(P));
+    detail::check_mpi(
+        MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, far.kmax.data(),
+                      static_cast<int>(mine.size()), MPI_FLOAT, comm),
+        "MPI_Allgather (key norms)");
+    far.qnorm.resize(static_cast<std::size_t>(B * Hq * n));
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hq; ++h)
+        for (index_t i = 0; i < n; ++i)
+          far.qnorm[static_cast<std::size_t>((b * Hq + h) * n + i)] =
+              detail::row_norm(q.ptr(b, h, i), Dk);
+  }
+
+  // One pair: its partial attention at global positions, merged into (out, acc_lse).
+  auto attend_pair = [&](const detail::segment& qs, const detail::segment& ks,
+                         const tensor_view<const float, 4>& kpart,
+                         const tensor_view<const float, 4>& vpart) {
+    ++calls;
+    const std::vector<index_t> qoff(static_cast<std::size_t>(B), qs.pos);
+    const std::vector<index_t> koff(static_cast<std::size_t>(B), ks.pos);
+    attention_params p = params;
+    p.q_offsets = make_view(qoff.data(), B);
+    p.k_offsets = make_view(koff.data(), B);
+    p.logsumexp = detail::rows_of(part_lse_v, qs.row, qs.len);
+    const auto po = detail::rows_of(part_out_v, qs.row, qs.len);
+    attention(backend, detail::rows_of(q, qs.row, qs.len), detail::rows_of(kpart, ks.row, ks.len),
+              detail::rows_of(vpart, ks.row, ks.len), po, p);
+    const auto ao = detail::rows_of(out, qs.row, qs.len);
+    const auto al = detail::rows_of(acc_lse_v, qs.row, qs.len);
+    merge_partials(backend, tensor_view<const float, 4>(ao), tensor_view<const float, 3>(al),
+                   tensor_view<const float, 4>(po), tensor_view<const float, 3>(p.logsumexp), ao,
+                   al);
+  };
+
   for (int step = 0; step < P; ++step) {
     const int src = (rank - step + P) % P;  // whose part is in hand
     const int cur = step % 2;
     const index_t src_len = lengths[static_cast<std::size_t>(src)];
-    // Start passing the part in hand on (it is what `next` needs at the next step), and
-    // receiving the one `prev` passes.
+    if (step + 1 < P)
+      full_ring += B * Hkv * src_len * (Dk + Dv) * static_cast<std::int64_t>(sizeof(float));
+    // Start passing the part in hand on (when a later rank needs it), and receiving the one
+    // `prev` passes on.
     MPI_Request req[4];
     int nreq = 0;
-    if (step + 1 < P) {
-      const int from = (rank - step - 1 + P) % P;
-      const index_t from_len = lengths[static_cast<std::size_t>(from)];
+    if (forwards(rank, step)) {
       const int kn = static_cast<int>(B * Hkv * src_len * Dk),
                 vn = static_cast<int>(B * Hkv * src_len * Dv);
       detail::check_mpi(
@@ -355,40 +544,58 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       detail::check_mpi(
           MPI_Isend(vbuf[cur].data(), vn, MPI_FLOAT, next, 2 * step + 1, comm, &req[nreq++]),
           "MPI_Isend (V)");
+      sent += static_cast<std::int64_t>(kn + vn) * static_cast<std::int64_t>(sizeof(float));
+    }
+    if (forwards(prev, step)) {
+      const index_t from_len = lengths[static_cast<std::size_t>((rank - step - 1 + 2 * P) % P)];
       detail::check_mpi(MPI_Irecv(kbuf[1 - cur].data(), static_cast<int>(B * Hkv * from_len * Dk),
                                   MPI_FLOAT, prev, 2 * step, comm, &req[nreq++]),
                         "MPI_Irecv (K)");
       detail::check_mpi(MPI_Irecv(vbuf[1 - cur].data(), static_cast<int>(B * Hkv * from_len * Dv),
                                   MPI_FLOAT, prev, 2 * step + 1, comm, &req[nreq++]),
                         "MPI_Irecv (V)");
-      sent += static_cast<std::int64_t>(kn + vn) * static_cast<std::int64_t>(sizeof(float));
     }
-    // The attention of every query segment of this rank over every key segment of `src`.
     const auto kpart = make_view<const float>(kbuf[cur].data(), B, Hkv, src_len, Dk);
     const auto vpart = make_view<const float>(vbuf[cur].data(), B, Hkv, src_len, Dv);
-    for (const detail::segment& qs : my_segments)
-      for (const detail::segment& ks : detail::segments_of(options.layout, src, lengths)) {
-        if (!detail::any_key(params.mask, qs.pos, qs.len, ks.pos, ks.len)) {
-          ++masked;
-          continue;
-        }
-        ++calls;
-        const std::vector<index_t> qoff(static_cast<std::size_t>(B), qs.pos);
-        const std::vector<index_t> koff(static_cast<std::size_t>(B), ks.pos);
-        attention_params p = params;
-        p.q_offsets = make_view(qoff.data(), B);
-        p.k_offsets = make_view(koff.data(), B);
-        p.logsumexp = detail::rows_of(part_lse_v, qs.row, qs.len);
-        const auto po = detail::rows_of(part_out_v, qs.row, qs.len);
-        attention(backend, detail::rows_of(q, qs.row, qs.len),
-                  detail::rows_of(kpart, ks.row, ks.len), detail::rows_of(vpart, ks.row, ks.len),
-                  po, p);
-        const auto ao = detail::rows_of(out, qs.row, qs.len);
-        const auto al = detail::rows_of(acc_lse_v, qs.row, qs.len);
-        merge_partials(backend, tensor_view<const float, 4>(ao), tensor_view<const float, 3>(al),
-                       tensor_view<const float, 4>(po), tensor_view<const float, 3>(p.logsumexp),
-                       ao, al);
+    if (step == 0) {
+      // Each segment against itself first: the rows' normalizers the bound compares with.
+      for (std::size_t a = 0; a < nseg; ++a)
+        if (plan_of(rank, a, a) == pair_plan::compute)
+          attend_pair(my_segments[a], my_segments[a], kpart, vpart);
+        else
+          ++masked;  // an empty segment
+      if (skipping) {
+        const tensor_view<const float, 3> lse_so_far = acc_lse_v;
+        std::vector<int> mine(static_cast<std::size_t>(P), 0);
+        for (int s = 0; s < P; ++s)
+          for (std::size_t a = 0; a < nseg; ++a)
+            for (std::size_t c = 0; c < nseg; ++c) {
+              pair_plan& pl = plan_of(s, a, c);
+              if (pl == pair_plan::compute && !(s == rank && a == c) &&
+                  far.negligible(my_segments[a], segs[static_cast<std::size_t>(s)][c], lse_so_far))
+                pl = pair_plan::skipped;
+              if (pl == pair_plan::compute) mine[static_cast<std::size_t>(s)] = 1;
+            }
+        detail::check_mpi(MPI_Allgather(mine.data(), P, MPI_INT, need.data(), P, MPI_INT, comm),
+                          "MPI_Allgather (far-chunk plan)");
       }
+    }
+    if (step == 0 || need[static_cast<std::size_t>(rank * P + src)])
+      for (std::size_t a = 0; a < nseg; ++a)
+        for (std::size_t c = 0; c < nseg; ++c) {
+          if (step == 0 && a == c) continue;  // done above
+          const pair_plan pl = plan_of(src, a, c);
+          if (pl == pair_plan::masked)
+            ++masked;
+          else if (pl == pair_plan::skipped)
+            ++skipped;
+          else
+            attend_pair(my_segments[a], segs[static_cast<std::size_t>(src)][c], kpart, vpart);
+        }
+    else
+      for (std::size_t a = 0; a < nseg; ++a)
+        for (std::size_t c = 0; c < nseg; ++c)
+          ++(plan_of(src, a, c) == pair_plan::masked ? masked : skipped);
     if (nreq > 0) {
       const double t0 = MPI_Wtime();
       detail::check_mpi(MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE), "MPI_Waitall (K/V ring)");
@@ -402,7 +609,9 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   if (stats) {
     stats->chunk_calls += calls;
     stats->chunks_masked += masked;
+    stats->chunks_skipped += skipped;
     stats->bytes_sent += sent;
+    stats->bytes_saved += full_ring - sent;
     stats->wait_seconds += waited;
   }
 }
@@ -435,7 +644,7 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
     refusal = fn + ": params.slopes.values must have one column per query head";
   // 2 for the layout word: no ring layout, its own kind of call.
   const std::vector<index_t> lengths =
-      detail::agree(comm, fn, backend, q, k, v, out, lse, params, 2, refusal);
+      detail::agree(comm, fn, backend, q, k, v, out, lse, params, 2, false, refusal);
   for (int r = 1; r < P; ++r)
     if (lengths[static_cast<std::size_t>(r)] != lengths[0])
       alibi::detail::raise(error(fn + ": every rank must hold the same number of rows: rank 0 " +

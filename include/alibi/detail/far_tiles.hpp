@@ -40,6 +40,13 @@ struct far_tile_bound {
     return b;
   }
 
+  /// Natural log of the bound on the total weight exp(score) of the keys on one side at
+  /// distance >= dn (>= 1 from the row's own position), norms at most kmax, before the
+  /// row's normalization: c - slope dn - log(1 - exp(-slope)). NaN when a norm is NaN.
+  ALIBI_HOST_DEVICE double log_bound(float qnorm, float kmax, index_t dn) const {
+    return abs_scale * qnorm * kmax - slope * static_cast<double>(dn) + log_geo;
+  }
+
   /// Whether the keys of one side are negligible for a row whose running state (base-2
   /// units) is `st`, query norm `qnorm`, with key norms at most `kmax` there, the nearest
   /// at distance `dn` (>= 0), for a row whose scores were computed with distance shift
@@ -48,9 +55,7 @@ struct far_tile_bound {
                                     index_t shift) const {
     const double l = st.l, m = static_cast<double>(st.m) * 0.69314718055994531;  // natural log
     if (!(l > 0.0) || !(m > -1e300 && m < 1e300)) return false;
-    const double c = abs_scale * qnorm * kmax;
-    const double log_bound = c - slope * static_cast<double>(dn - shift) + log_geo - m;
-    return log_bound <= skip_log_epsilon + std::log(l);  // false for NaN
+    return log_bound(qnorm, kmax, dn - shift) - m <= skip_log_epsilon + std::log(l);  // NaN: false
   }
 };
 

@@ -94,8 +94,7 @@ struct backward_skip {
   bool row_negligible(float qn, float kmax, index_t dn, float lse) const {
     if (lse == neg_inf_f()) return true;  // no allowed key: nothing flows through this row
     if (!(lse == lse) || dn < 0) return false;
-    double log_bound = bound.abs_scale * qn * kmax - bound.slope * static_cast<double>(dn) +
-                       bound.log_geo - static_cast<double>(lse);
+    double log_bound = bound.log_bound(qn, kmax, dn) - static_cast<double>(lse);
     if (weighted) log_bound += std::log(static_cast<double>(dn) + log_r_term);
     return log_bound <= skip_log_epsilon;  // false for NaN
   }
