@@ -161,6 +161,28 @@ TEST_CASE("safetensors: memory-mapped and plain reads agree, into vectors or cal
                                                                  Contains("has 1000 elements") &&
                                                                  Contains("holds 999"));
   REQUIRE_THROWS_WITH(mapped.to_float("w", nullptr, 1000), Contains("is null"));
+  // A range of elements (a tensor-parallel slice), in every stored dtype.
+  for (const char* dtype : {"F32", "F16", "BF16"}) {
+    INFO(dtype);
+    alibi::safetensors_writer h;
+    const std::string d = dtype;
+    std::vector<Eigen::half> hv(values.begin(), values.end());
+    std::vector<Eigen::bfloat16> bv(values.begin(), values.end());
+    if (d == "F32")
+      h.add("w", {10, 100}, values);
+    else
+      h.add_raw("w", d, {10, 100}, d == "F16" ? static_cast<const void*>(hv.data()) : bv.data());
+    const auto f = alibi::safetensors::parse(h.bytes());
+    const std::vector<float> whole = f.to_float("w");
+    std::vector<float> part(250, -1.0f);
+    f.to_float("w", 333, 250, part.data());
+    REQUIRE(std::equal(part.begin(), part.end(), whole.begin() + 333));
+    f.to_float("w", 1000, 0, nullptr);  // empty at the end: nothing to do
+    REQUIRE_THROWS_WITH(f.to_float("w", 900, 101, part.data()),
+                        Contains("elements [900, 900 + 101) are outside tensor 'w'") &&
+                            Contains("(1000 elements)"));
+    REQUIRE_THROWS_WITH(f.to_float("w", 1001, 0, part.data()), Contains("outside tensor 'w'"));
+  }
 
   // An empty file cannot be mapped: it is read, and refused as too short.
   write_text(dir / "empty.safetensors", "");

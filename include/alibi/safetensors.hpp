@@ -269,16 +269,30 @@ class safetensors {
   /// element count. The dtype is dispatched once, then the whole tensor is converted.
   template <class Isa = detail::isa_tag>
   void to_float(const std::string& name, float* out, std::size_t count) const {
-    const tensor_info& t = info(name);
     const std::size_t n = element_count(name);
     if (count != n)
       detail::raise(error("alibi::safetensors: tensor '" + name + "' in " + origin_ + " has " +
                           std::to_string(n) + " elements, but the destination holds " +
                           std::to_string(count)));
-    if (n == 0) return;
+    to_float<Isa>(name, 0, n, out);
+  }
+  /// Converts elements [first, first + count) of tensor `name` (row-major) into `out`: a
+  /// part of a tensor (a tensor-parallel slice) without converting, or touching the pages
+  /// of, the rest. A range past the tensor's end is an alibi::error.
+  template <class Isa = detail::isa_tag>
+  void to_float(const std::string& name, std::size_t first, std::size_t count, float* out) const {
+    const tensor_info& t = info(name);
+    const std::size_t total = element_count(name);
+    if (first > total || count > total - first)
+      detail::raise(error("alibi::safetensors: elements [" + std::to_string(first) + ", " +
+                          std::to_string(first) + " + " + std::to_string(count) +
+                          ") are outside tensor '" + name + "' in " + origin_ + " (" +
+                          std::to_string(total) + " elements)"));
+    if (count == 0) return;
     if (out == nullptr)
       detail::raise(error("alibi::safetensors: the destination for tensor '" + name + "' is null"));
-    const unsigned char* p = bytes_->data() + data_offset_ + t.begin;
+    const std::size_t n = count;
+    const unsigned char* p = bytes_->data() + data_offset_ + t.begin + first * dtype_size(t.dtype);
     if (t.dtype == "F32")
       detail::f32_to_float(p, out, n);
     else if (t.dtype == "F16")
@@ -503,6 +517,10 @@ class sharded_safetensors {
   template <class Isa = detail::isa_tag>
   void to_float(const std::string& name, float* out, std::size_t count) const {
     shard(name).template to_float<Isa>(name, out, count);
+  }
+  template <class Isa = detail::isa_tag>
+  void to_float(const std::string& name, std::size_t first, std::size_t count, float* out) const {
+    shard(name).template to_float<Isa>(name, first, count, out);
   }
 
  private:
