@@ -482,6 +482,66 @@ TEST_CASE("families: prefill + decode steps through KV caches equal the full for
     }
 }
 
+TEST_CASE("families: tensor-parallel slices load each rank's part of every tensor",
+          "[layers][families][tensor-parallel]") {
+  for (const family_spec& spec : all_specs())
+    DYNAMIC_SECTION(spec.name << ", " << spec.heads << "/" << spec.kv_heads << " heads") {
+      const hf_model hf(spec, 73);
+      temp_file tmp(spec.name + "_tp");
+      hf.write(tmp.path);
+      const auto file = alibi::safetensors::read(tmp.path);
+      const alibi::model_family fam = library_family(spec, hf.layers);
+      alibi::transformer_layer<float, cpu> full(fam.layer);
+      alibi::load_family_layer(full, file, fam, 1);
+      for (index_t P : {1, 2, 4}) {
+        if (spec.heads % P != 0 || spec.kv_heads % P != 0 || spec.ff % P != 0) {
+          // Baichuan's 5 heads: no split but 1.
+          REQUIRE_THROWS_WITH(alibi::tensor_parallel_shard(fam.layer, {0, P}),
+                              Catch::Contains("multiples of the number of ranks"));
+          continue;
+        }
+        for (index_t r = 0; r < P; ++r) {
+          INFO(P << " ranks, rank " << r);
+          alibi::transformer_layer<float, cpu> shard(
+              alibi::tensor_parallel_shard(fam.layer, {r, P}));
+          alibi::load_family_layer(shard, file, fam, 1, {r, P});
+          const auto full_params = full.parameters();
+          for (const alibi::parameter_info& p : shard.parameters()) {
+            INFO(p.name);
+            std::vector<index_t> whole;
+            for (const auto& f : full_params)
+              if (f.name == p.name) whole = f.shape;
+            REQUIRE(whole.size() == p.shape.size());
+            // The only cut the shapes allow: rows, columns or none; this rank's r-th part.
+            const std::vector<float> all = full.get(p.name), mine = shard.get(p.name);
+            std::vector<float> want;
+            if (whole == p.shape) {
+              want = all;
+            } else if (whole[0] != p.shape[0]) {
+              REQUIRE(whole[0] == P * p.shape[0]);
+              const index_t row = p.shape.size() > 1 ? p.shape[1] : 1;
+              want.assign(all.begin() + r * p.shape[0] * row,
+                          all.begin() + (r + 1) * p.shape[0] * row);
+            } else {
+              REQUIRE(whole[1] == P * p.shape[1]);
+              for (index_t i = 0; i < p.shape[0]; ++i)
+                want.insert(want.end(), all.begin() + i * whole[1] + r * p.shape[1],
+                            all.begin() + i * whole[1] + (r + 1) * p.shape[1]);
+            }
+            REQUIRE(mine == want);
+          }
+        }
+      }
+      // A slice outside the ranks, or a shard whose shapes are not the file's slices.
+      alibi::transformer_layer<float, cpu> one(fam.layer);
+      REQUIRE_THROWS_WITH(alibi::load_family_layer(one, file, fam, 1, {2, 2}),
+                          Catch::Contains("outside [0, ranks = 2)"));
+      if (spec.heads % 2 == 0 && spec.ff % 2 == 0 && spec.kv_heads % 2 == 0)
+        REQUIRE_THROWS_WITH(alibi::load_family_layer(one, file, fam, 1, {0, 2}),
+                            Catch::Contains("has shape"));
+    }
+}
+
 TEST_CASE("families: config.json files give the presets", "[layers][families]") {
   using alibi::families::from_config;
   SECTION("bloom-560m") {

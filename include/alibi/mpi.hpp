@@ -19,12 +19,16 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "alibi/attention.hpp"
 #include "alibi/detail/far_tiles.hpp"
 #include "alibi/error.hpp"
+#include "alibi/layers/multi_head_attention.hpp"
+#include "alibi/layers/transformer_layer.hpp"
 #include "alibi/merge.hpp"
 
 namespace alibi {
@@ -237,6 +241,40 @@ inline std::int64_t float_bits(float x) {
   return static_cast<std::int64_t>(u);
 }
 
+/// The collective half of an argument check: one MPI_Allgather of every rank's `count`
+/// words, of which word 0 says whether the rank accepted its own arguments and words
+/// [1, compared) must be equal on every rank (the rest are the rank's own sizes). Then every
+/// rank raises the same kind of alibi::error or none: its own `local_error`, "rank r refused
+/// its arguments", or "the ranks disagree on <name(f)>". Returns every rank's words,
+/// rank-major.
+inline std::vector<std::int64_t> agree_words(MPI_Comm comm, const std::string& fn,
+                                             std::int64_t* words, int count, int compared,
+                                             const char* (*name)(int),
+                                             const std::string& local_error) {
+  int P = 1;
+  check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+  words[0] = local_error.empty() ? 1 : 0;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(P) * static_cast<std::size_t>(count));
+  check_mpi(MPI_Allgather(words, count, MPI_INT64_T, all.data(), count, MPI_INT64_T, comm),
+            "MPI_Allgather (argument check)");
+  auto word = [&](int r, int f) {
+    return all[static_cast<std::size_t>(r) * static_cast<std::size_t>(count) +
+               static_cast<std::size_t>(f)];
+  };
+  if (!local_error.empty()) alibi::detail::raise(error(local_error));
+  for (int r = 0; r < P; ++r)
+    if (word(r, 0) == 0)
+      alibi::detail::raise(error(fn + ": rank " + std::to_string(r) +
+                                 " refused its arguments (its error says why)"));
+  for (int f = 1; f < compared; ++f)
+    for (int r = 1; r < P; ++r)
+      if (word(r, f) != word(0, f))
+        alibi::detail::raise(error(fn + ": the ranks disagree on " + name(f) + ": rank 0 has " +
+                                   std::to_string(word(0, f)) + ", rank " + std::to_string(r) +
+                                   " has " + std::to_string(word(r, f))));
+  return all;
+}
+
 /// The arguments' check every function here starts with: this rank's own checks (and
 /// `extra_error`, a function's own refusal, when not empty), then one MPI_Allgather of a
 /// descriptor, after which every rank raises the same kind of alibi::error or none. Returns
@@ -287,7 +325,6 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   }
 
   D mine;
-  mine.w[D::local_ok] = local_error.empty() ? 1 : 0;
   mine.w[D::batch] = q.extents[0];
   mine.w[D::q_heads] = q.extents[1];
   mine.w[D::kv_heads] = k.extents[1];
@@ -308,21 +345,9 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   mine.w[D::far_chunks] = far_chunks ? 1 : 0;
   mine.w[D::with_lse] = lse.data ? 1 : 0;
   mine.w[D::seq_len] = n;
-  std::vector<std::int64_t> all(static_cast<std::size_t>(P) * D::count);
-  check_mpi(MPI_Allgather(mine.w, D::count, MPI_INT64_T, all.data(), D::count, MPI_INT64_T, comm),
-            "MPI_Allgather (argument check)");
+  const std::vector<std::int64_t> all =
+      agree_words(comm, fn, mine.w, D::count, D::seq_len, field_name, local_error);
   auto word = [&](int r, int f) { return all[static_cast<std::size_t>(r) * D::count + f]; };
-  if (!local_error.empty()) alibi::detail::raise(error(local_error));
-  for (int r = 0; r < P; ++r)
-    if (word(r, D::local_ok) == 0)
-      alibi::detail::raise(error(fn + ": rank " + std::to_string(r) +
-                                 " refused its arguments (its error says why)"));
-  for (int f = D::batch; f < D::seq_len; ++f)
-    for (int r = 1; r < P; ++r)
-      if (word(r, f) != word(0, f))
-        alibi::detail::raise(error(fn + ": the ranks disagree on " + field_name(f) +
-                                   ": rank 0 has " + std::to_string(word(0, f)) + ", rank " +
-                                   std::to_string(r) + " has " + std::to_string(word(r, f))));
   std::vector<index_t> lengths(static_cast<std::size_t>(P));
   for (int r = 0; r < P; ++r) lengths[static_cast<std::size_t>(r)] = word(r, D::seq_len);
   return lengths;
@@ -721,6 +746,338 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
   if (lse.data)
     to_rows(lh, 1, [&](index_t b, index_t h, index_t i, const float* src) { lse(b, h, i) = *src; });
 }
+
+namespace detail {
+
+template <class T>
+MPI_Datatype mpi_type() {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
+                "alibi::mpi tensor parallelism: float or double layers");
+  return std::is_same<T, float>::value ? MPI_FLOAT : MPI_DOUBLE;
+}
+
+/// In place: rows (count, cols), row stride ld, host memory, summed over the ranks of comm
+/// (MPI_Allreduce; rows with gaps go through `pack`).
+template <class T>
+void allreduce_rows(MPI_Comm comm, T* rows, index_t ld, index_t count, index_t cols,
+                    std::vector<T>& pack) {
+  const index_t n = count * cols;
+  if (n > std::numeric_limits<int>::max())
+    alibi::detail::raise(
+        error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 1 "
+              "elements (one MPI message's count)"));
+  if (ld == cols || count <= 1) {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, rows, static_cast<int>(n), mpi_type<T>(), MPI_SUM, comm),
+              "MPI_Allreduce (tensor-parallel partial sums)");
+    return;
+  }
+  pack.resize(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < count; ++i)
+    std::memcpy(pack.data() + i * cols, rows + i * ld, static_cast<std::size_t>(cols) * sizeof(T));
+  check_mpi(
+      MPI_Allreduce(MPI_IN_PLACE, pack.data(), static_cast<int>(n), mpi_type<T>(), MPI_SUM, comm),
+      "MPI_Allreduce (tensor-parallel partial sums)");
+  for (index_t i = 0; i < count; ++i)
+    std::memcpy(rows + i * ld, pack.data() + i * cols, static_cast<std::size_t>(cols) * sizeof(T));
+}
+
+inline tensor_parallel_slice slice_of(MPI_Comm comm) {
+  int rank = 0, P = 1;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+  return {rank, P};
+}
+
+/// FNV-1a over a host view's values (lengths, a key mask): ranks compare the 64-bit hashes.
+template <class V>
+std::int64_t view_hash(const V& view, index_t rows, index_t cols) {
+  std::uint64_t h = 1469598103934665603ull;
+  if (!view.data) return 0;
+  for (index_t i = 0; i < rows; ++i)
+    for (index_t j = 0; j < cols; ++j) {
+      const std::int64_t x = [&]() -> std::int64_t {
+        if constexpr (V::rank == 1)
+          return static_cast<std::int64_t>(view(i));
+        else
+          return static_cast<std::int64_t>(view(i, j));
+      }();
+      h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
+    }
+  return static_cast<std::int64_t>(h | 1);  // never 0 (0: no view)
+}
+
+/// What the ranks of a tensor-parallel module must agree on: its configuration (once) and,
+/// per forward call, the call's shape and options (the inputs themselves must be equal on
+/// every rank too: the ranks hold the same activations; their values are not compared).
+struct tp_words {
+  enum field {
+    local_ok,
+    embed_dim,
+    q_heads,
+    kv_heads,
+    head_dim,
+    ff_dim,
+    layout_bits,  // norm position, norm kind, FFN type, activation, the biases
+    norm_eps_bits,
+    slopes_enabled,
+    max_bias_bits,
+    slope_scale_bits,
+    scale_bits,
+    batch,
+    seq,
+    causal,
+    window_left,
+    window_right,
+    skip,
+    q_lengths,
+    k_lengths,
+    key_mask,
+    cache,
+    count
+  };
+  std::int64_t w[count] = {};
+
+  static const char* name(int f) {
+    static const char* const names[] = {"the arguments' validity",
+                                        "embed_dim",
+                                        "q_heads",
+                                        "kv_heads",
+                                        "head_dim",
+                                        "ff_dim",
+                                        "the norm, FFN, activation and bias settings",
+                                        "norm_eps",
+                                        "slopes.enabled",
+                                        "slopes.max_bias",
+                                        "slopes.scale",
+                                        "scale",
+                                        "batch",
+                                        "sequence length",
+                                        "mask.causal",
+                                        "mask.window_left",
+                                        "mask.window_right",
+                                        "skip_far_tiles",
+                                        "q_lengths",
+                                        "k_lengths",
+                                        "key_padding_mask",
+                                        "whether a KV cache is used"};
+    return names[f];
+  }
+
+  void set_config(const mha_config& a, const layer_config* l) {
+    // Defaults resolved, so that 0 and the value it stands for agree.
+    w[embed_dim] = a.embed_dim;
+    w[q_heads] = a.q_heads;
+    w[kv_heads] = a.kv_heads > 0 ? a.kv_heads : a.q_heads;
+    w[head_dim] = a.head_dim != 0 || a.q_heads <= 0 ? a.head_dim : a.embed_dim / a.q_heads;
+    w[slopes_enabled] = a.slopes.enabled ? 1 : 0;
+    w[max_bias_bits] = float_bits(a.slopes.max_bias);
+    w[slope_scale_bits] = float_bits(a.slopes.scale);
+    w[scale_bits] = a.scale ? float_bits(*a.scale) + 1 : 0;
+    w[layout_bits] = a.bias ? 1 : 0;
+    if (l) {
+      w[ff_dim] = l->ff_dim != 0 ? l->ff_dim : 4 * a.embed_dim;
+      w[layout_bits] +=
+          2 * (static_cast<std::int64_t>(l->norm) +
+               4 * (static_cast<std::int64_t>(l->norm_kind) +
+                    4 * (static_cast<std::int64_t>(l->ffn) +
+                         4 * (static_cast<std::int64_t>(l->act) +
+                              4 * ((l->ffn_bias ? 1 : 0) + 2 * (l->norm_bias ? 1 : 0))))));
+      w[norm_eps_bits] = float_bits(l->norm_eps);
+    }
+  }
+  template <class X>
+  void set_call(const X& x, const forward_options& opt, bool with_cache) {
+    w[batch] = x.extents[0];
+    w[seq] = x.extents[1];
+    w[causal] = opt.mask.causal ? 1 : 0;
+    w[window_left] = opt.mask.window_left;
+    w[window_right] = opt.mask.window_right;
+    w[skip] = opt.skip_far_tiles ? 1 : 0;
+    w[q_lengths] = view_hash(opt.q_lengths, opt.q_lengths.extents[0], 1);
+    w[k_lengths] = view_hash(opt.k_lengths, opt.k_lengths.extents[0], 1);
+    w[key_mask] = view_hash(opt.key_padding_mask, opt.key_padding_mask.extents[0],
+                            opt.key_padding_mask.extents[1]);
+    w[cache] = with_cache ? 1 : 0;
+  }
+};
+
+/// This rank's own check of a tensor-parallel forward's tensors (what the module would
+/// refuse, so that no rank refuses alone and leaves the others in the all-reduce): x and out
+/// (batch, seq, embed_dim) with rows the layers accept, out of x's shape.
+template <class T>
+std::string tp_local_check(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
+                           index_t E, const char* fn) {
+  try {
+    alibi::detail::row_stride(fn, "x", x, E);
+    alibi::detail::row_stride(fn, "out", out, E);
+    if (out.extents[0] != x.extents[0] || out.extents[1] != x.extents[1])
+      return std::string(fn) + ": out must have the shape of x";
+  } catch (const error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace detail
+
+/// A Transformer layer split over the ranks of `comm` (Megatron tensor parallelism; every
+/// rank constructs it with the same full configuration and calls forward together, with the
+/// same input): rank r holds tensor_parallel_shard(config, {r, P}), a transformer_layer with
+/// q_heads / P heads (kv_heads / P kv heads, their global slopes) and ff_dim / P FFN
+/// features. The q/k/v and the FFN's up (and gate) projections are column-parallel, the
+/// output and down projections row-parallel: after each block one MPI_Allreduce of the
+/// (rows, embed_dim) partial sums, to which rank 0 adds the residual and the two row-parallel
+/// biases. Load a rank's part of a checkpoint with load_family_layer(layer.shard(), file,
+/// family, i, layer.slice()) or set the shard's parameters. KV caches hold the shard's kv heads
+/// (kv_cache<T, Backend>::for_module(layer.shard(), ...)): each rank caches 1 / P of them.
+/// Host backends (backend::eigen, backend::reference), float or double; forward only.
+///
+/// Errors: heads or ff_dim that the ranks do not divide, ranks built with different
+/// configurations, or forward calls that differ in shape, masks, lengths, key mask or cache
+/// use (one MPI_Allgather of a few words per call) are an alibi::error on every rank.
+template <class T, class Backend>
+class tensor_parallel_layer {
+  static_assert(alibi::detail::reads_host_memory<Backend>,
+                "alibi::mpi::tensor_parallel_layer: host backends (the all-reduce reads host "
+                "memory)");
+
+ public:
+  tensor_parallel_layer(MPI_Comm comm, const layer_config& config,
+                        const Backend& backend = Backend{})
+      : comm_(comm), slice_(detail::slice_of(comm)) {
+    const std::string fn = "alibi::mpi::tensor_parallel_layer";
+    detail::tp_words d;
+    d.set_config(config.attention, &config);
+    std::string local_error;
+    try {
+      shard_ = std::make_unique<transformer_layer<T, Backend>>(
+          tensor_parallel_shard(config, slice_), backend);
+    } catch (const error& e) {
+      local_error = fn + ": " + e.what();
+    }
+    detail::agree_words(comm_, fn, d.w, detail::tp_words::batch, detail::tp_words::batch,
+                        detail::tp_words::name, local_error);
+    shard_->set_partial_sums(
+        [this](T* rows, index_t ld, index_t count, index_t cols) {
+          detail::allreduce_rows(comm_, rows, ld, count, cols, pack_);
+        },
+        slice_.rank == 0);
+  }
+  tensor_parallel_layer(const tensor_parallel_layer&) = delete;  // the shard's hook holds this
+  tensor_parallel_layer& operator=(const tensor_parallel_layer&) = delete;
+
+  /// This rank's part: {rank, ranks} of the communicator.
+  const tensor_parallel_slice& slice() const { return slice_; }
+  /// This rank's shard (its parameters are this rank's slices; set or load them there).
+  transformer_layer<T, Backend>& shard() { return *shard_; }
+  const transformer_layer<T, Backend>& shard() const { return *shard_; }
+
+  /// x (batch, seq, embed_dim), the same on every rank -> out (same shape, on every rank).
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
+    agree_call(x, out, opt, false);
+    shard_->forward(x, out, opt);
+  }
+  /// Incremental decoding: each rank's cache holds its shard's kv heads.
+  template <class S>
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
+               const forward_options& opt = {}) {
+    agree_call(x, out, opt, true);
+    shard_->forward(x, out, cache, opt);
+  }
+
+ private:
+  void agree_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
+                  const forward_options& opt, bool cache) {
+    detail::tp_words d;
+    d.set_config(shard_->config().attention, &shard_->config());
+    d.set_call(x, opt, cache);
+    detail::agree_words(comm_, "alibi::mpi::tensor_parallel_layer::forward", d.w,
+                        detail::tp_words::count, detail::tp_words::count, detail::tp_words::name,
+                        detail::tp_local_check(x, out, shard_->config().attention.embed_dim,
+                                               "alibi::mpi::tensor_parallel_layer::forward"));
+  }
+
+  MPI_Comm comm_;
+  tensor_parallel_slice slice_;
+  std::unique_ptr<transformer_layer<T, Backend>> shard_;
+  std::vector<T> pack_;  // all-reduce staging for strided rows
+};
+
+/// Multi-head attention split over the ranks of `comm` by heads (Megatron): rank r holds
+/// tensor_parallel_shard(config, {r, P}) (q_heads / P heads, kv_heads / P kv heads, their
+/// global slopes): its q/k/v projections are its heads' rows, its output projection's
+/// weight its heads' columns; the (rows, embed_dim) outputs are summed with one
+/// MPI_Allreduce, rank 0 adding out_proj.bias. Parameters: set the shard's (its
+/// parameters() lists this rank's shapes). Same rules as tensor_parallel_layer.
+template <class T, class Backend>
+class tensor_parallel_attention {
+  static_assert(alibi::detail::reads_host_memory<Backend>,
+                "alibi::mpi::tensor_parallel_attention: host backends (the all-reduce reads "
+                "host memory)");
+
+ public:
+  tensor_parallel_attention(MPI_Comm comm, const mha_config& config,
+                            const Backend& backend = Backend{})
+      : comm_(comm), slice_(detail::slice_of(comm)) {
+    const std::string fn = "alibi::mpi::tensor_parallel_attention";
+    detail::tp_words d;
+    d.set_config(config, nullptr);
+    std::string local_error;
+    try {
+      shard_ = std::make_unique<multi_head_attention<T, Backend>>(
+          tensor_parallel_shard(config, slice_), backend);
+    } catch (const error& e) {
+      local_error = fn + ": " + e.what();
+    }
+    detail::agree_words(comm_, fn, d.w, detail::tp_words::batch, detail::tp_words::batch,
+                        detail::tp_words::name, local_error);
+    shard_->set_output_bias(slice_.rank == 0);
+  }
+  tensor_parallel_attention(const tensor_parallel_attention&) = delete;
+  tensor_parallel_attention& operator=(const tensor_parallel_attention&) = delete;
+
+  const tensor_parallel_slice& slice() const { return slice_; }
+  multi_head_attention<T, Backend>& shard() { return *shard_; }
+  const multi_head_attention<T, Backend>& shard() const { return *shard_; }
+
+  /// Self-attention of x (batch, seq, embed_dim), the same on every rank -> out.
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
+    agree_call(x, out, opt, false);
+    shard_->forward(x, out, opt);
+    reduce(out);
+  }
+  /// Incremental decoding: each rank's cache holds its shard's kv heads.
+  template <class S>
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
+               const forward_options& opt = {}) {
+    agree_call(x, out, opt, true);
+    shard_->forward(x, out, cache, opt);
+    reduce(out);
+  }
+
+ private:
+  void agree_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
+                  const forward_options& opt, bool cache) {
+    detail::tp_words d;
+    d.set_config(shard_->config(), nullptr);
+    d.set_call(x, opt, cache);
+    detail::agree_words(comm_, "alibi::mpi::tensor_parallel_attention::forward", d.w,
+                        detail::tp_words::count, detail::tp_words::count, detail::tp_words::name,
+                        detail::tp_local_check(x, out, shard_->config().embed_dim,
+                                               "alibi::mpi::tensor_parallel_attention::forward"));
+  }
+  void reduce(const tensor_view<T, 3>& out) {
+    const index_t E = shard_->config().embed_dim;
+    const index_t ld =
+        alibi::detail::row_stride("alibi::mpi::tensor_parallel_attention::forward", "out", out, E);
+    detail::allreduce_rows(comm_, out.data, ld, out.extents[0] * out.extents[1], E, pack_);
+  }
+
+  MPI_Comm comm_;
+  tensor_parallel_slice slice_;
+  std::unique_ptr<multi_head_attention<T, Backend>> shard_;
+  std::vector<T> pack_;
+};
 
 }  // namespace mpi
 }  // namespace alibi

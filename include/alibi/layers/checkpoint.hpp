@@ -105,11 +105,16 @@ std::string family_root(const File& file, const model_family& family, const char
 
 template <class Isa, class T, class Backend, class File>
 void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& file,
-                            const model_family& family, index_t index, const char* fn) {
+                            const model_family& family, index_t index,
+                            const tensor_parallel_slice& slice, const char* fn) {
   const std::string f = fn;
   const layer_config& c = layer.config();
   const mha_config& a = c.attention;
   const checkpoint_names& n = family.names;
+  const index_t P = slice.ranks, rank = slice.rank;
+  if (P < 1 || rank < 0 || rank >= P)
+    detail::raise(
+        error(f + ": the slice's rank " + str(rank) + " is outside [0, ranks = " + str(P) + ")"));
   if (index < 0 || (family.num_layers > 0 && index >= family.num_layers))
     detail::raise(error(f + ": layer index " + str(index) + " is outside [0, " +
                         str(family.num_layers) + ") (" + family.name + " layers)"));
@@ -129,8 +134,18 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
       if (p.name == name) return p.shape;
     return std::vector<index_t>{};
   };
+  // How a parameter of this rank's layer is cut from the checkpoint's (Megatron): rows
+  // (output features: the q/k/v heads, the FFN's up and gate features), columns (input
+  // features: the output and down projections) or not at all. The checkpoint's shape is the
+  // layer's times `ranks` along the cut.
+  enum class cut { none, rows, cols };
+  auto full_shape = [&](std::vector<index_t> shape, cut how) {
+    if (how == cut::rows) shape[0] *= P;
+    if (how == cut::cols) shape[1] *= P;
+    return shape;
+  };
   // The tensor `name` of the checkpoint, which must have `shape`.
-  auto read = [&](const std::string& name, const std::vector<index_t>& shape) {
+  auto check = [&](const std::string& name, const std::vector<index_t>& shape) {
     if (!file.contains(name))
       detail::raise(error(f + ": " + file.origin() + " has no tensor '" + name +
                           "' (expected shape " + shape_text(shape) + ")"));
@@ -138,25 +153,55 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
     if (t.shape != shape)
       detail::raise(error(f + ": tensor '" + name + "' in " + file.origin() + " has shape " +
                           shape_text(t.shape) + ", expected " + shape_text(shape)));
-    return file.template to_float<Isa>(name);
   };
-  // One checkpoint tensor onto one parameter (weight and, if the layer has it, bias).
-  auto direct = [&](const std::string& from, const std::string& to) {
+  // Rows [row, row + count) of a checkpoint tensor of `shape` (row-major), appended to dst;
+  // only those rows are converted.
+  auto read_rows = [&](const std::string& name, const std::vector<index_t>& shape, index_t row,
+                       index_t count, std::vector<float>& dst) {
+    const index_t row_len = shape.size() > 1 ? shape[1] : 1;
+    const std::size_t at = dst.size();
+    dst.resize(at + static_cast<std::size_t>(count * row_len));
+    file.template to_float<Isa>(name, static_cast<std::size_t>(row * row_len),
+                                static_cast<std::size_t>(count * row_len), dst.data() + at);
+  };
+  // This rank's part of the checkpoint tensor `name` for a parameter of `shape`.
+  auto read = [&](const std::string& name, const std::vector<index_t>& shape, cut how) {
+    const std::vector<index_t> whole = full_shape(shape, how);
+    check(name, whole);
+    std::vector<float> part;
+    if (how == cut::rows) {
+      read_rows(name, whole, rank * shape[0], shape[0], part);
+    } else if (how == cut::cols) {
+      part.resize(static_cast<std::size_t>(shape[0] * shape[1]));
+      for (index_t i = 0; i < shape[0]; ++i)
+        file.template to_float<Isa>(name, static_cast<std::size_t>(i * whole[1] + rank * shape[1]),
+                                    static_cast<std::size_t>(shape[1]), part.data() + i * shape[1]);
+    } else {
+      part = file.template to_float<Isa>(name);
+    }
+    return part;
+  };
+  // One checkpoint tensor onto one parameter (weight and, if the layer has it, bias). The
+  // bias of a column-cut weight is whole on every rank: the layer adds it once.
+  auto direct = [&](const std::string& from, const std::string& to, cut how) {
     for (const char* suffix : {".weight", ".bias"}) {
       const std::string target = to + suffix;
       if (!wanted.count(target)) continue;
       const std::vector<index_t> shape = shape_of(target);
-      layer.set(target, read(prefix + from + suffix, shape).data(), shape);
+      const bool bias = suffix[1] == 'b';
+      const cut part = bias && how == cut::cols ? cut::none : how;
+      layer.set(target, read(prefix + from + suffix, shape, part).data(), shape);
       loaded.insert(target);
     }
   };
   const std::string attn = "self_attn.";
   if (n.packing == qkv_packing::separate) {
-    direct(n.q, attn + "q_proj");
-    direct(n.k, attn + "k_proj");
-    direct(n.v, attn + "v_proj");
+    direct(n.q, attn + "q_proj", cut::rows);
+    direct(n.k, attn + "k_proj", cut::rows);
+    direct(n.v, attn + "v_proj", cut::rows);
   } else {
-    const index_t packed = (a.q_heads + 2 * a.kv_heads) * a.head_dim;
+    const index_t hd = a.head_dim, nq = a.q_heads * hd, nkv = a.kv_heads * hd;
+    const index_t packed = (nq + 2 * nkv) * P;
     const char* targets[3] = {"q_proj", "k_proj", "v_proj"};
     for (const char* suffix : {".weight", ".bias"}) {
       if (!wanted.count(attn + "q_proj" + suffix)) continue;
@@ -164,8 +209,19 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
       const index_t row_len = weight ? a.embed_dim : 1;
       const std::vector<index_t> shape =
           weight ? std::vector<index_t>{packed, a.embed_dim} : std::vector<index_t>{packed};
-      const auto parts = split_qkv(n.packing, read(prefix + n.qkv + suffix, shape), row_len,
-                                   a.q_heads, a.kv_heads, a.head_dim);
+      const std::string name = prefix + n.qkv + suffix;
+      check(name, shape);
+      // This rank's rows, packed as the checkpoint packs them: per head, its heads are one
+      // run of rows; concatenated, its q, k and v rows are three runs.
+      std::vector<float> mine;
+      if (n.packing == qkv_packing::per_head) {
+        read_rows(name, shape, rank * (nq + 2 * nkv), nq + 2 * nkv, mine);
+      } else {
+        read_rows(name, shape, rank * nq, nq, mine);
+        read_rows(name, shape, nq * P + rank * nkv, nkv, mine);
+        read_rows(name, shape, (nq + nkv) * P + rank * nkv, nkv, mine);
+      }
+      const auto parts = split_qkv(n.packing, mine, row_len, a.q_heads, a.kv_heads, hd);
       for (int s = 0; s < 3; ++s) {
         const std::string target = attn + targets[s] + suffix;
         layer.set(target, parts[static_cast<std::size_t>(s)].data(), shape_of(target));
@@ -173,12 +229,12 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
       }
     }
   }
-  direct(n.out, attn + "out_proj");
-  direct(n.norm1, "norm1");
-  direct(n.norm2, "norm2");
-  direct(n.up, "ffn.0");
-  if (c.ffn == ffn_type::gated) direct(n.gate, "ffn.gate");
-  direct(n.down, "ffn.2");
+  direct(n.out, attn + "out_proj", cut::cols);
+  direct(n.norm1, "norm1", cut::none);
+  direct(n.norm2, "norm2", cut::none);
+  direct(n.up, "ffn.0", cut::rows);
+  if (c.ffn == ffn_type::gated) direct(n.gate, "ffn.gate", cut::rows);
+  direct(n.down, "ffn.2", cut::cols);
   for (const std::string& w : wanted)
     if (!loaded.count(w))
       detail::raise(
@@ -240,16 +296,27 @@ struct config_reader {
 /// mapped onto the layer's. The tensors' root is found in the file (family.root, "",
 /// "transformer.", "model." or "base_model.model."). A missing tensor or one of another
 /// shape is an alibi::error naming it.
+///
+/// Tensor parallelism: with `slice` {rank, ranks}, `layer` is that rank's shard (built with
+/// tensor_parallel_shard(family.layer, rank, ranks)) and receives only its part of each
+/// tensor, and only that part is converted: the rows of its heads of the q/k/v projections
+/// (of the packed tensor too), the rows of its features of the FFN's up and gate projections
+/// (and their biases), the columns of its heads of the output projection and of its
+/// features of the down projection; their biases and the norms whole.
 template <class T, class Backend, class Isa = detail::isa_tag>
 void load_family_layer(transformer_layer<T, Backend>& layer, const safetensors& file,
-                       const model_family& family, index_t index) {
-  detail::load_family_layer_from<Isa>(layer, file, family, index, "alibi::load_family_layer");
+                       const model_family& family, index_t index,
+                       const tensor_parallel_slice& slice = {}) {
+  detail::load_family_layer_from<Isa>(layer, file, family, index, slice,
+                                      "alibi::load_family_layer");
 }
 /// The same from a sharded checkpoint (model.safetensors.index.json).
 template <class T, class Backend, class Isa = detail::isa_tag>
 void load_family_layer(transformer_layer<T, Backend>& layer, const sharded_safetensors& file,
-                       const model_family& family, index_t index) {
-  detail::load_family_layer_from<Isa>(layer, file, family, index, "alibi::load_family_layer");
+                       const model_family& family, index_t index,
+                       const tensor_parallel_slice& slice = {}) {
+  detail::load_family_layer_from<Isa>(layer, file, family, index, slice,
+                                      "alibi::load_family_layer");
 }
 
 /// The root under which `file` (safetensors or sharded_safetensors) holds `family`'s

@@ -93,6 +93,67 @@ struct forward_options {
   layer_timings* timings = nullptr;
 };
 
+/// One rank's part of a tensor-parallel (Megatron) module: rank `rank` of `ranks`.
+struct tensor_parallel_slice {
+  index_t rank = 0;
+  index_t ranks = 1;
+};
+
+/// The attention module of rank s.rank when `full` is split over s.ranks ranks by heads:
+/// q_heads / ranks query heads and kv_heads / ranks kv heads (both must divide; GQA groups
+/// stay whole), the full module's head_dim, and the slopes its heads have in the whole
+/// module (slopes.global_heads and head_offset; caller slopes: the view of its columns).
+/// An impossible split is an alibi::error naming the sizes.
+inline mha_config tensor_parallel_shard(const mha_config& full, const tensor_parallel_slice& s) {
+  using detail::str;
+  const std::string fn = "alibi::tensor_parallel_shard";
+  if (s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks)
+    detail::raise(
+        error(fn + ": rank " + str(s.rank) + " is outside [0, ranks = " + str(s.ranks) + ")"));
+  const index_t kv = full.kv_heads > 0 ? full.kv_heads : full.q_heads;
+  if (full.q_heads <= 0 || full.q_heads % s.ranks != 0 || kv % s.ranks != 0)
+    detail::raise(error(fn + ": q_heads (" + str(full.q_heads) + ") and kv_heads (" + str(kv) +
+                        ") must be positive multiples of the number of ranks (" + str(s.ranks) +
+                        ")"));
+  if (full.head_dim == 0 && full.embed_dim % full.q_heads != 0)
+    detail::raise(error(fn + ": embed_dim (" + str(full.embed_dim) +
+                        ") is not a multiple of q_heads (" + str(full.q_heads) +
+                        "); set head_dim"));
+  mha_config c = full;
+  const index_t hq = full.q_heads / s.ranks;
+  c.head_dim = full.head_dim != 0 ? full.head_dim : full.embed_dim / full.q_heads;
+  c.q_heads = hq;
+  c.kv_heads = kv / s.ranks;
+  if (c.slopes.values.data) {
+    if (c.slopes.values.extents[1] != full.q_heads)
+      detail::raise(error(fn + ": slopes.values must have one column per query head (" +
+                          str(full.q_heads) + "), got " + str(c.slopes.values.extents[1])));
+    c.slopes.values.data += s.rank * hq * c.slopes.values.strides[1];
+    c.slopes.values.extents[1] = hq;
+  } else {
+    c.slopes.global_heads = full.slopes.global_heads > 0 ? full.slopes.global_heads : full.q_heads;
+    c.slopes.head_offset = full.slopes.head_offset + s.rank * hq;
+  }
+  return c;
+}
+
+/// The Transformer layer of rank s.rank when `full` is split over s.ranks ranks: its
+/// attention by heads (as above) and its FFN by features, ff_dim / ranks of them (must
+/// divide). alibi::mpi::tensor_parallel_layer runs such shards; load_family_layer loads a
+/// shard's part of a checkpoint.
+inline layer_config tensor_parallel_shard(const layer_config& full,
+                                          const tensor_parallel_slice& s) {
+  layer_config c = full;
+  c.attention = tensor_parallel_shard(full.attention, s);
+  const index_t F = full.ff_dim != 0 ? full.ff_dim : 4 * full.attention.embed_dim;
+  if (F <= 0 || F % s.ranks != 0)
+    detail::raise(error("alibi::tensor_parallel_shard: ff_dim (" + detail::str(F) +
+                        ") must be a positive multiple of the number of ranks (" +
+                        detail::str(s.ranks) + ")"));
+  c.ff_dim = F / s.ranks;
+  return c;
+}
+
 /// A name and a shape, as parameters() lists them.
 struct parameter_info {
   std::string name;

@@ -85,6 +85,11 @@ class multi_head_attention {
     params_.allocate(*this, backend_);
   }
 
+  /// Whether forward adds out_proj.bias (default true). Tensor parallelism: the shards'
+  /// outputs are partial sums that an all-reduce adds up, so only one rank (the lead) adds
+  /// the bias; the others set false. The parameter itself is unchanged.
+  void set_output_bias(bool on) { out_bias_ = on; }
+
   /// The configuration with every default resolved (kv_heads, head_dim, key/value dims).
   const mha_config& config() const { return cfg_; }
   const Backend& backend() const { return backend_; }
@@ -245,6 +250,7 @@ class multi_head_attention {
 
   Backend backend_;
   mha_config cfg_;
+  bool out_bias_ = true;  // set_output_bias
   detail::backend_buffer<Backend, T> wq_, wk_, wv_, wo_, bq_, bk_, bv_, bo_;
   detail::parameter_table<multi_head_attention, T, Backend> params_;
   // Workspace, grown on demand: q (query rows, nq); k | v side by side (key rows, 2 nkv);
@@ -402,7 +408,8 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
   // Output projection (+ residual when accumulating); padded query rows become zeros.
   detail::timed<ops>(backend_, t_proj, [&] {
     ops::linear(backend_, static_cast<const T*>(ctxbuf.data()), nq, rows_q, nq, wo_.data(),
-                cfg_.bias ? bo_.data() : nullptr, E, out.data, ldo, accumulate, nullptr);
+                cfg_.bias && out_bias_ ? bo_.data() : nullptr, E, out.data, ldo, accumulate,
+                nullptr);
     if (!accumulate) detail::zero_padded_rows<ops>(backend_, out.data, ldo, Lq, E, q_len);
   });
 }

@@ -4,7 +4,9 @@
 // a gated feed-forward network): the layers of seed 001 and of BLOOM, MPT, Baichuan, Falcon.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "alibi/layers/multi_head_attention.hpp"
@@ -114,10 +116,27 @@ class transformer_layer {
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
     run<T>(x, out, opt, nullptr);
   }
+  /// Tensor parallelism (alibi::mpi::tensor_parallel_layer sets this; forward only): the
+  /// output rows of each block (rows, embed_dim; row stride ld) go through `reduce`, an
+  /// in-place sum over the ranks, before the next norm. With `lead` false, this layer's block
+  /// outputs are its partial sums alone: no residual and no bias of the output and down
+  /// projections (the lead rank adds them once). An empty `reduce` and lead true: a plain
+  /// layer again.
+  using partial_sum_fn = std::function<void(T* rows, index_t ld, index_t count, index_t cols)>;
+  void set_partial_sums(partial_sum_fn reduce, bool lead) {
+    reduce_ = std::move(reduce);
+    lead_ = lead;
+    attn_.set_output_bias(lead);
+  }
+
   /// Training forward: forward(x, out, opt) (out may be x), and `saved` keeps what backward()
   /// needs. There is no KV cache in training. CPU backends only.
   void forward_train(tensor_view<const T, 3> x, tensor_view<T, 3> out, activations& saved,
                      const forward_options& opt = {}) {
+    if (reduce_ || !lead_)
+      detail::raise(
+          error("alibi::transformer_layer::forward_train: a tensor-parallel shard "
+                "(set_partial_sums) has no training path"));
     multi_head_attention<T, Backend>::require_backward();
     if constexpr (detail::has_layer_backward<Backend>::value) train(x, out, saved, opt);
   }
@@ -183,7 +202,7 @@ class transformer_layer {
       detail::timed<ops>(backend_, t_norm, [&] { apply_norm(src, lds, dst, ldd, rows, g, beta); });
     };
     // h (rows, ff_dim) = act(y w1^T + b1), or act(y wg^T + bg) * (y w1^T + b1) when gated;
-    // out += h w2^T + b2.
+    // out += h w2^T + b2 (a tensor-parallel shard other than the lead: out = h w2^T).
     auto ffn = [&](const T* y, index_t ldy) {
       detail::timed<ops>(backend_, t_ffn, [&] {
         ops::resize(h_, rows * F);
@@ -199,25 +218,41 @@ class transformer_layer {
                       &cfg_.act);
         }
         ops::linear(backend_, static_cast<const T*>(h_.data()), F, rows, F, w2_.data(),
-                    ffn_bias(b2_), E, out.data, ldo, true, nullptr);
+                    lead_ ? ffn_bias(b2_) : nullptr, E, out.data, ldo, lead_, nullptr);
       });
     };
-    // The residual stream lives in `out`; the attention's output projection adds to it.
+    auto reduce = [&] {
+      if (reduce_) reduce_(out.data, ldo, rows, E);
+    };
+    // The residual stream lives in `out`; the attention's output projection adds to it (a
+    // shard other than the lead writes its partial sum there instead).
     if (cfg_.norm == norm_position::post) {
-      if (out.data != x.data) ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
+      if (lead_ && out.data != x.data)
+        ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
       // x may be out: the attention reads it (projections) before writing out.
-      attn_.forward_into(x, x, x, out, opt, cache, true);
+      attn_.forward_into(x, x, x, out, opt, cache, lead_);
+      reduce();
       norm(out.data, ldo, out.data, ldo, g1_, beta1_);
-      ffn(out.data, ldo);
+      if (lead_) {
+        ffn(out.data, ldo);
+      } else {  // the FFN's input, out, is overwritten by its partial sum
+        ops::resize(n_, rows * E);
+        ops::copy_rows(backend_, static_cast<const T*>(out.data), ldo, n_.data(), E, rows, E);
+        ffn(n_.data(), E);
+      }
+      reduce();
       norm(out.data, ldo, out.data, ldo, g2_, beta2_);
     } else {
       ops::resize(n_, rows * E);
       const auto nv = make_view<const T>(n_.data(), B, L, E);
       norm(x.data, ldx, n_.data(), E, g1_, beta1_);
-      if (out.data != x.data) ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
-      attn_.forward_into(nv, nv, nv, out, opt, cache, true);
+      if (lead_ && out.data != x.data)
+        ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
+      attn_.forward_into(nv, nv, nv, out, opt, cache, lead_);
+      reduce();
       norm(out.data, ldo, n_.data(), E, g2_, beta2_);
       ffn(n_.data(), E);
+      reduce();
     }
     detail::zero_padded_rows<ops>(backend_, out.data, ldo, L, E, q_len);
   }
@@ -225,6 +260,8 @@ class transformer_layer {
   Backend backend_;
   layer_config cfg_;
   multi_head_attention<T, Backend> attn_;
+  partial_sum_fn reduce_;  // set_partial_sums
+  bool lead_ = true;
   detail::backend_buffer<Backend, T> w1_, b1_, wg_, bg_, w2_, b2_, g1_, beta1_, g2_, beta2_;
   detail::parameter_table<transformer_layer, T, Backend> params_;
   // Workspace: normalized rows (rows, embed_dim); FFN hidden and up projection (rows, ff_dim).
