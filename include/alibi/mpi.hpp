@@ -108,6 +108,14 @@ tensor_view<T, 3> rows_of(tensor_view<T, 3> t, index_t row, index_t len) {
   return t;
 }
 
+/// Heads [first, first + count) of a (batch, heads, ...) view.
+template <class V>
+V heads_of(V t, index_t first, index_t count) {
+  t.data += first * t.strides[1];
+  t.extents[1] = count;
+  return t;
+}
+
 /// Whether the positional masks leave any key of [kpos, kpos + klen) to any query of
 /// [qpos, qpos + qlen) (the masks are monotone: the first and last rows bound the others).
 inline bool any_key(const mask_spec& m, index_t qpos, index_t qlen, index_t kpos, index_t klen) {
@@ -127,13 +135,14 @@ inline float nan_max(float a, float b) { return a != a || b != b ? a + b : std::
 /// its side, gathered from every rank.
 struct far_chunks {
   alibi::detail::attention_problem prob;
-  index_t B = 0, Hq = 0, Hkv = 0;
-  std::vector<segment> segs;  // every rank's segments, rank-major, global positions
-  std::vector<float> kmax;    // (segs, batch, kv_heads): max |k| of each segment
-  std::vector<float> qnorm;   // (batch, q_heads, rows): |q| of this rank's rows
+  index_t B = 0, Hq = 0, Hkv = 0, rows = 0;
+  std::vector<segment> segs;          // every rank's segments, rank-major, global positions
+  std::vector<float> kmax;            // (segs, batch, kv_heads): max |k| of each segment
+  std::vector<float> qnorm;           // (batch, q_heads, rows): |q| of this rank's rows
+  tensor_view<const float, 3> lse{};  // (batch, q_heads, rows): after the diagonal pairs
 
-  /// The largest key norm of (b, kv head hk) over the keys before `end` (left) or from
-  /// `begin` on (right).
+  /// The largest key norm of (b, kv head hk) over the keys before `edge` (left) or from
+  /// `edge` on (right).
   float beyond(bool left, index_t edge, index_t b, index_t hk) const {
     float m = 0.0f;
     for (std::size_t g = 0; g < segs.size(); ++g)
@@ -144,30 +153,59 @@ struct far_chunks {
     return m;
   }
 
-  /// Whether key segment ks is negligible for every row of query segment qs (disjoint),
-  /// given the rows' logsumexp so far, `lse` (batch, q_heads, rows of this rank).
-  bool negligible(const segment& qs, const segment& ks,
-                  const tensor_view<const float, 3>& lse) const {
-    const bool left = ks.pos + ks.len <= qs.pos;
-    if (!left && ks.pos < qs.pos + qs.len) return false;  // overlapping: never
+  /// The distance (>= dn, the nearest key's on that side) from which every key on one side
+  /// of a row is negligible: the smallest d with log_bound(d) - lse <= log 2^-25, or -1 when
+  /// the row has no finite normalizer yet or a NaN defeats the bound.
+  static index_t negligible_from(const alibi::detail::far_tile_bound& bound, float qn, float km,
+                                 double l, index_t dn) {
+    if (!(l > -1e300 && l < 1e300)) return -1;
+    const double x =
+        (bound.log_bound(qn, km, 0) - l - alibi::detail::skip_log_epsilon) / bound.slope;
+    if (!(x < 1e18)) return -1;  // NaN, or beyond any position
+    index_t d = std::max<index_t>(dn, static_cast<index_t>(std::ceil(x)));
+    // The bound decreases with d; the rounding of x may leave it one step short.
+    for (int step = 0; step < 2; ++step, ++d)
+      if (bound.log_bound(qn, km, d) - l <= alibi::detail::skip_log_epsilon) return d;
+    return -1;
+  }
+
+  /// The keys of segment ks (global positions) that rows [i0, i1) of query segment qs and
+  /// query heads [h0, h1), of every batch entry, need: the others (the far end of ks, on the
+  /// far side of the rows) have, with every farther key, a weight below 2^-25 of each row's
+  /// normalizer so far. Empty: the pair is negligible there. Overlapping segments: all keys.
+  index_range needed(const segment& qs, const segment& ks, index_t i0, index_t i1, index_t h0,
+                     index_t h1) const {
+    const index_t kend = ks.pos + ks.len;
+    const index_range all{ks.pos, kend};
+    const bool left = kend <= qs.pos;
+    if (!left && ks.pos < qs.pos + qs.len) return all;
+    index_t first = kend, end = ks.pos;  // nothing yet; each row widens it
     for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < Hq; ++h) {
+      for (index_t h = h0; h < h1; ++h) {
         const float slope = prob.slope(b, h);
-        if (!(slope > 0.0f) || !std::isfinite(slope)) return false;
+        if (!(slope > 0.0f) || !std::isfinite(slope)) return all;
         const auto bound = alibi::detail::far_tile_bound::make(prob.scale, slope);
-        const float km = beyond(left, left ? ks.pos + ks.len : ks.pos, b, prob.kv_head(h));
-        for (index_t i = 0; i < qs.len; ++i) {
+        const float km = beyond(left, left ? kend : ks.pos, b, prob.kv_head(h));
+        for (index_t i = i0; i < i1; ++i) {
           const index_t qpos = qs.pos + i, row = qs.row + i;
-          const index_t dn = left ? qpos - (ks.pos + ks.len - 1) : ks.pos - qpos;
-          const double l = static_cast<double>(lse(b, h, row));
-          const float qn = qnorm[static_cast<std::size_t>((b * Hq + h) * lse.extents[2] + row)];
-          // A row without keys so far (l = -inf) has no normalizer to compare with.
-          if (!(l > -1e300) ||
-              !(bound.log_bound(qn, km, dn) - l <= alibi::detail::skip_log_epsilon))
-            return false;
+          const index_t dn = left ? qpos - (kend - 1) : ks.pos - qpos;
+          const index_t d =
+              negligible_from(bound, qnorm[static_cast<std::size_t>((b * Hq + h) * rows + row)], km,
+                              static_cast<double>(lse(b, h, row)), dn);
+          if (d < 0) return all;
+          if (left)
+            first = std::min(first, qpos - d + 1);  // keys at qpos - d and before: negligible
+          else
+            end = std::max(end, qpos + d);  // keys at qpos + d and after: negligible
         }
       }
-    return true;
+    if (left) return {std::max(first, ks.pos), kend};
+    return {ks.pos, std::min(end, kend)};
+  }
+
+  /// Whether key segment ks is negligible for every row of query segment qs.
+  bool negligible(const segment& qs, const segment& ks) const {
+    return needed(qs, ks, 0, qs.len, 0, Hq).empty();
   }
 };
 
@@ -380,14 +418,17 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
 /// rank first computes each of its segments against itself; then, for every other pair, the
 /// far-tile bound (README, "Far-tile skipping") with each row's logsumexp so far, its query
 /// norm, and the largest key norm (gathered from every rank) at or beyond the key segment on
-/// its side decides whether the pair's whole weight, with every farther key's, is below
-/// 2^-25 of the row's normalizer for every row of the segment, head and batch entry. Such
-/// pairs are skipped; one MPI_Allgather of the decisions tells every rank which parts to
-/// send on. The skipped keys of a side lie at or beyond the nearest skipped segment, whose
+/// its side gives, per row and head, the distance from which the keys on that side weigh,
+/// all together, below 2^-25 of the row's normalizer. A pair beyond it for every row, head
+/// and batch entry is skipped, and one MPI_Allgather of the decisions tells every rank which
+/// parts to send on; a pair partly within it is computed per kv head and block of 256 rows on
+/// the keys within it only (a single call over the pair would compute its nearest keys for
+/// every row, however far: its own bound knows only the pair's weight). Every key a row
+/// drops on one side lies beyond the distance of the nearest pair it drops keys of, whose
 /// bound covers them all, so a row loses at most 2^-24 of its softmax mass (output change
-/// < 2^-24 max|v|) to it, besides what far-tile skipping inside each partial call loses
-/// (also < 2^-24). A NaN or infinite key norm, a NaN query, or a non-positive slope never
-/// allows a skip.
+/// < 2^-24 max|v|), besides what far-tile skipping inside each partial call loses (also
+/// < 2^-24). A NaN or infinite key norm, a NaN query, or a non-positive slope never allows
+/// a skip.
 template <class Backend>
 void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const float, 4> q,
                     tensor_view<const float, 4> k, tensor_view<const float, 4> v,
@@ -521,6 +562,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
         MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, far.kmax.data(),
                       static_cast<int>(mine.size()), MPI_FLOAT, comm),
         "MPI_Allgather (key norms)");
+    far.rows = n;
     far.qnorm.resize(static_cast<std::size_t>(B * Hq * n));
     for (index_t b = 0; b < B; ++b)
       for (index_t h = 0; h < Hq; ++h)
@@ -529,25 +571,58 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
               detail::row_norm(q.ptr(b, h, i), Dk);
   }
 
-  // One pair: its partial attention at global positions, merged into (out, acc_lse).
-  auto attend_pair = [&](const detail::segment& qs, const detail::segment& ks,
-                         const tensor_view<const float, 4>& kpart,
-                         const tensor_view<const float, 4>& vpart) {
+  // One pair, or a part of one (query heads [h0, h0 + hn) on kv heads [g0, g0 + gn)): its
+  // partial attention at global positions, merged into (out, acc_lse).
+  auto attend = [&](const detail::segment& qs, const detail::segment& ks,
+                    const tensor_view<const float, 4>& kpart,
+                    const tensor_view<const float, 4>& vpart, index_t h0, index_t hn, index_t g0,
+                    index_t gn) {
     ++calls;
     const std::vector<index_t> qoff(static_cast<std::size_t>(B), qs.pos);
     const std::vector<index_t> koff(static_cast<std::size_t>(B), ks.pos);
     attention_params p = params;
     p.q_offsets = make_view(qoff.data(), B);
     p.k_offsets = make_view(koff.data(), B);
-    p.logsumexp = detail::rows_of(part_lse_v, qs.row, qs.len);
-    const auto po = detail::rows_of(part_out_v, qs.row, qs.len);
-    attention(backend, detail::rows_of(q, qs.row, qs.len), detail::rows_of(kpart, ks.row, ks.len),
-              detail::rows_of(vpart, ks.row, ks.len), po, p);
-    const auto ao = detail::rows_of(out, qs.row, qs.len);
-    const auto al = detail::rows_of(acc_lse_v, qs.row, qs.len);
+    if (hn != Hq) {  // the heads' own slopes
+      if (p.slopes.values.data) {
+        p.slopes.values.data += h0 * p.slopes.values.strides[1];
+        p.slopes.values.extents[1] = hn;
+      } else {
+        p.slopes.global_heads = params.slopes.global_heads > 0 ? params.slopes.global_heads : Hq;
+        p.slopes.head_offset = params.slopes.head_offset + h0;
+      }
+    }
+    auto part = [&](auto t, index_t row, index_t len, index_t first, index_t count) {
+      return detail::heads_of(detail::rows_of(t, row, len), first, count);
+    };
+    p.logsumexp = part(part_lse_v, qs.row, qs.len, h0, hn);
+    const auto po = part(part_out_v, qs.row, qs.len, h0, hn);
+    attention(backend, part(q, qs.row, qs.len, h0, hn), part(kpart, ks.row, ks.len, g0, gn),
+              part(vpart, ks.row, ks.len, g0, gn), po, p);
+    const auto ao = part(out, qs.row, qs.len, h0, hn);
+    const auto al = part(acc_lse_v, qs.row, qs.len, h0, hn);
     merge_partials(backend, tensor_view<const float, 4>(ao), tensor_view<const float, 3>(al),
                    tensor_view<const float, 4>(po), tensor_view<const float, 3>(p.logsumexp), ao,
                    al);
+  };
+  // A pair that is not a segment against itself. With far-chunk skipping, per kv head (its
+  // query heads together) and block of query rows, only the keys the bound leaves: each call
+  // then sees what the rows' normalizers so far allow it to drop, which one call over the
+  // whole pair could not (its own bound knows only the pair's keys).
+  constexpr index_t block_rows = 256;
+  const index_t group = Hq / std::max<index_t>(Hkv, 1);
+  auto attend_pair = [&](const detail::segment& qs, const detail::segment& ks,
+                         const tensor_view<const float, 4>& kpart,
+                         const tensor_view<const float, 4>& vpart) {
+    if (!skipping) return attend(qs, ks, kpart, vpart, 0, Hq, 0, Hkv);
+    for (index_t g = 0; g < Hkv; ++g)
+      for (index_t i0 = 0; i0 < qs.len; i0 += block_rows) {
+        const index_t i1 = std::min(qs.len, i0 + block_rows);
+        const index_range r = far.needed(qs, ks, i0, i1, g * group, (g + 1) * group);
+        if (r.empty()) continue;
+        attend({qs.pos + i0, i1 - i0, qs.row + i0}, {r.begin, r.size(), ks.row + r.begin - ks.pos},
+               kpart, vpart, g * group, group, g, 1);
+      }
   };
 
   for (int step = 0; step < P; ++step) {
@@ -586,18 +661,18 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       // Each segment against itself first: the rows' normalizers the bound compares with.
       for (std::size_t a = 0; a < nseg; ++a)
         if (plan_of(rank, a, a) == pair_plan::compute)
-          attend_pair(my_segments[a], my_segments[a], kpart, vpart);
+          attend(my_segments[a], my_segments[a], kpart, vpart, 0, Hq, 0, Hkv);
         else
           ++masked;  // an empty segment
       if (skipping) {
-        const tensor_view<const float, 3> lse_so_far = acc_lse_v;
+        far.lse = acc_lse_v;
         std::vector<int> mine(static_cast<std::size_t>(P), 0);
         for (int s = 0; s < P; ++s)
           for (std::size_t a = 0; a < nseg; ++a)
             for (std::size_t c = 0; c < nseg; ++c) {
               pair_plan& pl = plan_of(s, a, c);
               if (pl == pair_plan::compute && !(s == rank && a == c) &&
-                  far.negligible(my_segments[a], segs[static_cast<std::size_t>(s)][c], lse_so_far))
+                  far.negligible(my_segments[a], segs[static_cast<std::size_t>(s)][c]))
                 pl = pair_plan::skipped;
               if (pl == pair_plan::compute) mine[static_cast<std::size_t>(s)] = 1;
             }
@@ -918,6 +993,65 @@ std::string tp_local_check(const tensor_view<const T, 3>& x, const tensor_view<T
   return {};
 }
 
+/// What both tensor-parallel modules share: the communicator and this rank's slice, the
+/// shard (Module<T, Backend>, built from the full configuration after every rank agreed on
+/// it), the agreement of every forward call and the all-reduce staging.
+template <class T, class Backend, template <class, class> class Module, class Config>
+class tensor_parallel_base {
+  static_assert(alibi::detail::reads_host_memory<Backend>,
+                "alibi::mpi tensor parallelism: host backends (the all-reduce reads host "
+                "memory)");
+
+ public:
+  tensor_parallel_base(const tensor_parallel_base&) = delete;  // the shard's hook holds this
+  tensor_parallel_base& operator=(const tensor_parallel_base&) = delete;
+
+  /// This rank's part: {rank, ranks} of the communicator.
+  const tensor_parallel_slice& slice() const { return slice_; }
+  /// This rank's shard (its parameters are this rank's slices; set or load them there).
+  Module<T, Backend>& shard() { return *shard_; }
+  const Module<T, Backend>& shard() const { return *shard_; }
+
+ protected:
+  tensor_parallel_base(MPI_Comm comm, const Config& config, const Backend& backend, const char* fn)
+      : comm_(comm), slice_(slice_of(comm)), fn_(fn) {
+    tp_words d;
+    words(d, config);
+    std::string local_error;
+    try {
+      shard_ = std::make_unique<Module<T, Backend>>(tensor_parallel_shard(config, slice_), backend);
+    } catch (const error& e) {
+      local_error = fn_ + ": " + e.what();
+    }
+    agree_words(comm_, fn_, d.w, tp_words::batch, tp_words::batch, tp_words::name, local_error);
+  }
+
+  /// Before a forward: the ranks agree on the call (and each checks its own tensors).
+  void agree_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
+                  const forward_options& opt, bool cache) {
+    tp_words d;
+    words(d, shard_->config());
+    d.set_call(x, opt, cache);
+    const std::string fn = fn_ + "::forward";
+    agree_words(comm_, fn, d.w, tp_words::count, tp_words::count, tp_words::name,
+                tp_local_check(x, out, embed_dim(shard_->config()), fn.c_str()));
+  }
+  void reduce(T* rows, index_t ld, index_t count, index_t cols) {
+    allreduce_rows(comm_, rows, ld, count, cols, pack_);
+  }
+
+  static void words(tp_words& d, const layer_config& c) { d.set_config(c.attention, &c); }
+  static void words(tp_words& d, const mha_config& c) { d.set_config(c, nullptr); }
+  static index_t embed_dim(const layer_config& c) { return c.attention.embed_dim; }
+  static index_t embed_dim(const mha_config& c) { return c.embed_dim; }
+
+  MPI_Comm comm_;
+  tensor_parallel_slice slice_;
+  std::string fn_;
+  std::unique_ptr<Module<T, Backend>> shard_;
+  std::vector<T> pack_;  // all-reduce staging for strided rows
+};
+
 }  // namespace detail
 
 /// A Transformer layer split over the ranks of `comm` (Megatron tensor parallelism; every
@@ -934,73 +1068,34 @@ std::string tp_local_check(const tensor_view<const T, 3>& x, const tensor_view<T
 ///
 /// Errors: heads or ff_dim that the ranks do not divide, ranks built with different
 /// configurations, or forward calls that differ in shape, masks, lengths, key mask or cache
-/// use (one MPI_Allgather of a few words per call) are an alibi::error on every rank.
+/// use, or tensors one rank refuses (one MPI_Allgather of a few words per call) are an
+/// alibi::error on every rank. What each rank's KV cache holds is its own (build them alike).
 template <class T, class Backend>
-class tensor_parallel_layer {
-  static_assert(alibi::detail::reads_host_memory<Backend>,
-                "alibi::mpi::tensor_parallel_layer: host backends (the all-reduce reads host "
-                "memory)");
+class tensor_parallel_layer
+    : public detail::tensor_parallel_base<T, Backend, transformer_layer, layer_config> {
+  using base = detail::tensor_parallel_base<T, Backend, transformer_layer, layer_config>;
 
  public:
   tensor_parallel_layer(MPI_Comm comm, const layer_config& config,
                         const Backend& backend = Backend{})
-      : comm_(comm), slice_(detail::slice_of(comm)) {
-    const std::string fn = "alibi::mpi::tensor_parallel_layer";
-    detail::tp_words d;
-    d.set_config(config.attention, &config);
-    std::string local_error;
-    try {
-      shard_ = std::make_unique<transformer_layer<T, Backend>>(
-          tensor_parallel_shard(config, slice_), backend);
-    } catch (const error& e) {
-      local_error = fn + ": " + e.what();
-    }
-    detail::agree_words(comm_, fn, d.w, detail::tp_words::batch, detail::tp_words::batch,
-                        detail::tp_words::name, local_error);
-    shard_->set_partial_sums(
-        [this](T* rows, index_t ld, index_t count, index_t cols) {
-          detail::allreduce_rows(comm_, rows, ld, count, cols, pack_);
-        },
-        slice_.rank == 0);
+      : base(comm, config, backend, "alibi::mpi::tensor_parallel_layer") {
+    this->shard_->set_partial_sums([this](T* rows, index_t ld, index_t count,
+                                          index_t cols) { this->reduce(rows, ld, count, cols); },
+                                   this->slice_.rank == 0);
   }
-  tensor_parallel_layer(const tensor_parallel_layer&) = delete;  // the shard's hook holds this
-  tensor_parallel_layer& operator=(const tensor_parallel_layer&) = delete;
-
-  /// This rank's part: {rank, ranks} of the communicator.
-  const tensor_parallel_slice& slice() const { return slice_; }
-  /// This rank's shard (its parameters are this rank's slices; set or load them there).
-  transformer_layer<T, Backend>& shard() { return *shard_; }
-  const transformer_layer<T, Backend>& shard() const { return *shard_; }
 
   /// x (batch, seq, embed_dim), the same on every rank -> out (same shape, on every rank).
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
-    agree_call(x, out, opt, false);
-    shard_->forward(x, out, opt);
+    this->agree_call(x, out, opt, false);
+    this->shard_->forward(x, out, opt);
   }
   /// Incremental decoding: each rank's cache holds its shard's kv heads.
   template <class S>
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
                const forward_options& opt = {}) {
-    agree_call(x, out, opt, true);
-    shard_->forward(x, out, cache, opt);
+    this->agree_call(x, out, opt, true);
+    this->shard_->forward(x, out, cache, opt);
   }
-
- private:
-  void agree_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
-                  const forward_options& opt, bool cache) {
-    detail::tp_words d;
-    d.set_config(shard_->config().attention, &shard_->config());
-    d.set_call(x, opt, cache);
-    detail::agree_words(comm_, "alibi::mpi::tensor_parallel_layer::forward", d.w,
-                        detail::tp_words::count, detail::tp_words::count, detail::tp_words::name,
-                        detail::tp_local_check(x, out, shard_->config().attention.embed_dim,
-                                               "alibi::mpi::tensor_parallel_layer::forward"));
-  }
-
-  MPI_Comm comm_;
-  tensor_parallel_slice slice_;
-  std::unique_ptr<transformer_layer<T, Backend>> shard_;
-  std::vector<T> pack_;  // all-reduce staging for strided rows
 };
 
 /// Multi-head attention split over the ranks of `comm` by heads (Megatron): rank r holds
@@ -1010,73 +1105,39 @@ class tensor_parallel_layer {
 /// MPI_Allreduce, rank 0 adding out_proj.bias. Parameters: set the shard's (its
 /// parameters() lists this rank's shapes). Same rules as tensor_parallel_layer.
 template <class T, class Backend>
-class tensor_parallel_attention {
-  static_assert(alibi::detail::reads_host_memory<Backend>,
-                "alibi::mpi::tensor_parallel_attention: host backends (the all-reduce reads "
-                "host memory)");
+class tensor_parallel_attention
+    : public detail::tensor_parallel_base<T, Backend, multi_head_attention, mha_config> {
+  using base = detail::tensor_parallel_base<T, Backend, multi_head_attention, mha_config>;
 
  public:
   tensor_parallel_attention(MPI_Comm comm, const mha_config& config,
                             const Backend& backend = Backend{})
-      : comm_(comm), slice_(detail::slice_of(comm)) {
-    const std::string fn = "alibi::mpi::tensor_parallel_attention";
-    detail::tp_words d;
-    d.set_config(config, nullptr);
-    std::string local_error;
-    try {
-      shard_ = std::make_unique<multi_head_attention<T, Backend>>(
-          tensor_parallel_shard(config, slice_), backend);
-    } catch (const error& e) {
-      local_error = fn + ": " + e.what();
-    }
-    detail::agree_words(comm_, fn, d.w, detail::tp_words::batch, detail::tp_words::batch,
-                        detail::tp_words::name, local_error);
-    shard_->set_output_bias(slice_.rank == 0);
+      : base(comm, config, backend, "alibi::mpi::tensor_parallel_attention") {
+    this->shard_->set_output_bias(this->slice_.rank == 0);
   }
-  tensor_parallel_attention(const tensor_parallel_attention&) = delete;
-  tensor_parallel_attention& operator=(const tensor_parallel_attention&) = delete;
-
-  const tensor_parallel_slice& slice() const { return slice_; }
-  multi_head_attention<T, Backend>& shard() { return *shard_; }
-  const multi_head_attention<T, Backend>& shard() const { return *shard_; }
 
   /// Self-attention of x (batch, seq, embed_dim), the same on every rank -> out.
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
-    agree_call(x, out, opt, false);
-    shard_->forward(x, out, opt);
-    reduce(out);
+    this->agree_call(x, out, opt, false);
+    this->shard_->forward(x, out, opt);
+    reduce_out(out);
   }
   /// Incremental decoding: each rank's cache holds its shard's kv heads.
   template <class S>
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
                const forward_options& opt = {}) {
-    agree_call(x, out, opt, true);
-    shard_->forward(x, out, cache, opt);
-    reduce(out);
+    this->agree_call(x, out, opt, true);
+    this->shard_->forward(x, out, cache, opt);
+    reduce_out(out);
   }
 
  private:
-  void agree_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
-                  const forward_options& opt, bool cache) {
-    detail::tp_words d;
-    d.set_config(shard_->config(), nullptr);
-    d.set_call(x, opt, cache);
-    detail::agree_words(comm_, "alibi::mpi::tensor_parallel_attention::forward", d.w,
-                        detail::tp_words::count, detail::tp_words::count, detail::tp_words::name,
-                        detail::tp_local_check(x, out, shard_->config().embed_dim,
-                                               "alibi::mpi::tensor_parallel_attention::forward"));
-  }
-  void reduce(const tensor_view<T, 3>& out) {
-    const index_t E = shard_->config().embed_dim;
+  void reduce_out(const tensor_view<T, 3>& out) {
+    const index_t E = this->shard_->config().embed_dim;
     const index_t ld =
         alibi::detail::row_stride("alibi::mpi::tensor_parallel_attention::forward", "out", out, E);
-    detail::allreduce_rows(comm_, out.data, ld, out.extents[0] * out.extents[1], E, pack_);
+    this->reduce(out.data, ld, out.extents[0] * out.extents[1], E);
   }
-
-  MPI_Comm comm_;
-  tensor_parallel_slice slice_;
-  std::unique_ptr<multi_head_attention<T, Backend>> shard_;
-  std::vector<T> pack_;
 };
 
 }  // namespace mpi
