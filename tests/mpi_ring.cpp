@@ -48,6 +48,7 @@ struct test_case {
   bool big_key = false;        // key 2 of every (batch, kv head) has 40x the norm of the others
   bool expect_skips = false;   // with 3 or more ranks, far-chunk skipping must skip pairs
   bool far_chunks = true;      // ring_options::skip_far_chunks
+  bool padded = false;         // batch entry 1 is a sequence of L / 3 rows, then NaN padding
 };
 
 /// Which global rows rank r holds, in the order of its tensors.
@@ -89,7 +90,22 @@ void run_case(const test_case& c) {
   if (c.big_key)
     for (index_t bh = 0; bh < B * Hkv; ++bh)
       for (index_t d = 0; d < D; ++d) k[static_cast<std::size_t>((bh * L + 2) * D + d)] *= 40.0f;
+  // Padding: batch entry 1 ends at L / 3 (some ranks hold none of it); its padding is NaN.
+  const std::vector<index_t> seq_lengths = {L, c.padded ? L / 3 : L};
+  std::vector<float> qn = q, vn = v;
+  if (c.padded) {
+    auto pad = [&](std::vector<float>& t, index_t heads) {
+      for (index_t h = 0; h < heads; ++h)
+        for (index_t i = seq_lengths[1]; i < L; ++i)
+          std::fill_n(t.begin() + ((heads + h) * L + i) * D, D, nan_f);
+    };
+    pad(qn, Hq);
+    pad(k, Hkv);
+    pad(vn, Hkv);
+  }
   alibi::attention_params params;
+  if (c.padded)
+    params.k_lengths = params.q_lengths = alibi::make_view<const index_t>(seq_lengths.data(), B);
   params.slopes.max_bias = c.max_bias;
   params.mask.causal = c.causal;
   params.mask.window_left = c.window_left;
@@ -99,7 +115,7 @@ void run_case(const test_case& c) {
   for (index_t h = 0; h < Hq; ++h) slopes[static_cast<std::size_t>(h)] = 0.05f + 0.45f * h / Hq;
   if (c.caller_slopes) params.slopes = alibi::slope_config::per_head(slopes.data(), Hq);
   // The single-process results: double reference and fused fp32.
-  std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
+  std::vector<double> qd(qn.begin(), qn.end()), kd(k.begin(), k.end()), vd(vn.begin(), vn.end());
   std::vector<double> ref(static_cast<std::size_t>(B * Hq * L * D));
   std::vector<float> single(ref.size()), single_lse(static_cast<std::size_t>(B * Hq * L));
   alibi::attention(alibi::backend::reference{},
@@ -110,9 +126,10 @@ void run_case(const test_case& c) {
   {
     alibi::attention_params p = params;
     p.logsumexp = alibi::make_view(single_lse.data(), B, Hq, L);
-    alibi::attention(alibi::backend::eigen{1}, alibi::make_view<const float>(q.data(), B, Hq, L, D),
+    alibi::attention(alibi::backend::eigen{1},
+                     alibi::make_view<const float>(qn.data(), B, Hq, L, D),
                      alibi::make_view<const float>(k.data(), B, Hkv, L, D),
-                     alibi::make_view<const float>(v.data(), B, Hkv, L, D),
+                     alibi::make_view<const float>(vn.data(), B, Hkv, L, D),
                      alibi::make_view(single.data(), B, Hq, L, D), p);
   }
   // This rank's part, with row stride D + 3 and NaN in the gaps; out with guard elements.
@@ -127,7 +144,7 @@ void run_case(const test_case& c) {
                       p.begin() + ((b * heads + h) * n + i) * ld);
     return p;
   };
-  const std::vector<float> qp = part(q, Hq), kp = part(k, Hkv), vp = part(v, Hkv);
+  const std::vector<float> qp = part(qn, Hq), kp = part(k, Hkv), vp = part(vn, Hkv);
   std::vector<float> out(static_cast<std::size_t>(B * Hq * n * ld), guard);
   std::vector<float> lse(static_cast<std::size_t>(B * Hq * n), guard);
   auto view = [&](const float* data, index_t heads) {
@@ -173,8 +190,11 @@ void run_case(const test_case& c) {
         }
         const float want = single_lse[static_cast<std::size_t>((b * Hq + h) * L + g)];
         const float got = lse[static_cast<std::size_t>((b * Hq + h) * n + i)];
-        lse_err =
-            std::max<double>(lse_err, std::fabs(got - want) / std::max(1.0f, std::fabs(want)));
+        if (std::isinf(want) || std::isinf(got))  // padded rows: -inf both
+          lse_err = std::max(lse_err, got == want ? 0.0 : 1.0);
+        else
+          lse_err =
+              std::max<double>(lse_err, std::fabs(got - want) / std::max(1.0f, std::fabs(want)));
       }
   const double bound = 2 * single_err + 8 * 0x1p-24 * std::max(1.0, scale);
   if (nan) fail(c.name + ": NaN in the output");
@@ -244,6 +264,28 @@ void error_cases() {
                                  alibi::make_view<const float>(x.data(), B, H, n, 32),
                                  alibi::make_view<const float>(x.data(), B, H, n, 32),
                                  alibi::make_view(o.data(), B, H, n, 32), {}, far);
+    });
+  }
+  // Sequence lengths: other values on rank 1, or longer than the rows of all ranks.
+  {
+    const std::vector<index_t> mine = {rank == 1 ? 3 : 5}, too_long = {n * P + 1};
+    alibi::attention_params lp;
+    lp.k_lengths = alibi::make_view<const index_t>(mine.data(), 1);
+    if (P > 1)
+      expect_error("lengths mismatch", "disagree on params.k_lengths", [&] {
+        alibi::mpi::ring_attention(MPI_COMM_WORLD, alibi::backend::eigen{1},
+                                   alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                   alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                   alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                   alibi::make_view(o.data(), B, H, n, 32), lp);
+      });
+    lp.k_lengths = alibi::make_view<const index_t>(too_long.data(), 1);
+    expect_error("lengths too long", "is longer than the sequence", [&] {
+      alibi::mpi::ring_attention(MPI_COMM_WORLD, alibi::backend::eigen{1},
+                                 alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                 alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                 alibi::make_view<const float>(x.data(), B, H, n, 32),
+                                 alibi::make_view(o.data(), B, H, n, 32), lp);
     });
   }
   // Rank 0 passes an out of other rows: its own message there, "rank 0 refused" elsewhere.
@@ -332,6 +374,28 @@ int main(int argc, char** argv) {
     c.base = 120;
     c.name = std::string("far-chunk skipping, ") + (variant == 3 ? "zigzag" : "contiguous") +
              (c.causal ? ", causal" : ", bidirectional") + (c.big_key ? ", a large-norm key" : "");
+    cases.push_back(c);
+  }
+  // Padding: a sequence of a third of the length, NaN after it; ring (both layouts, far-chunk
+  // skipping on) and all-to-all.
+  for (int variant = 0; variant < 3; ++variant) {
+    test_case c;
+    c.padded = true;
+    c.causal = variant != 1;
+    c.layout = variant == 1 ? ring_layout::zigzag : ring_layout::contiguous;
+    c.alltoall = variant == 2;
+    c.max_bias = 2.0f;
+    c.base = 120;
+    if (c.alltoall) {
+      c.Hq = 24;
+      c.Hkv = 12;
+      c.D = 16;
+    }
+    c.name = std::string("padded (k_lengths), ") +
+             (c.alltoall     ? "alltoall"
+              : variant == 1 ? "zigzag"
+                             : "contiguous") +
+             (c.causal ? ", causal" : ", bidirectional");
     cases.push_back(c);
   }
   for (bool tiles : {false, true}) {

@@ -140,6 +140,7 @@ struct far_chunks {
   std::vector<float> kmax;            // (segs, batch, kv_heads): max |k| of each segment
   std::vector<float> qnorm;           // (batch, q_heads, rows): |q| of this rank's rows
   tensor_view<const float, 3> lse{};  // (batch, q_heads, rows): after the diagonal pairs
+  std::vector<index_t> seq_len;       // (batch): each sequence's length (then padding)
 
   /// The largest key norm of (b, kv head hk) over the keys before `edge` (left) or from
   /// `edge` on (right).
@@ -180,13 +181,17 @@ struct far_chunks {
     const bool left = kend <= qs.pos;
     if (!left && ks.pos < qs.pos + qs.len) return all;
     index_t first = kend, end = ks.pos;  // nothing yet; each row widens it
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = h0; h < h1; ++h) {
+    for (index_t b = 0; b < B; ++b) {
+      // Padding: rows and keys at or after the sequence's length take no part.
+      const index_t len = seq_len[static_cast<std::size_t>(b)];
+      if (len <= ks.pos) continue;
+      const index_t rows_end = std::min(i1, std::max(i0, len - qs.pos));
+      for (index_t h = h0; h < h1 && i0 < rows_end; ++h) {
         const float slope = prob.slope(b, h);
         if (!(slope > 0.0f) || !std::isfinite(slope)) return all;
         const auto bound = alibi::detail::far_tile_bound::make(prob.scale, slope);
         const float km = beyond(left, left ? kend : ks.pos, b, prob.kv_head(h));
-        for (index_t i = i0; i < i1; ++i) {
+        for (index_t i = i0; i < rows_end; ++i) {
           const index_t qpos = qs.pos + i, row = qs.row + i;
           const index_t dn = left ? qpos - (kend - 1) : ks.pos - qpos;
           const index_t d =
@@ -199,6 +204,7 @@ struct far_chunks {
             end = std::max(end, qpos + d);  // keys at qpos + d and after: negligible
         }
       }
+    }
     if (left) return {std::max(first, ks.pos), kend};
     return {ks.pos, std::min(end, kend)};
   }
@@ -217,6 +223,24 @@ inline float row_norm(const float* x, index_t d) {
   const double r = std::sqrt(s);
   const float f = static_cast<float>(r);
   return f < r ? std::nextafter(f, std::numeric_limits<float>::infinity()) : f;
+}
+
+/// FNV-1a over a host view's values (lengths, a key mask): ranks compare the 64-bit hashes.
+template <class V>
+std::int64_t view_hash(const V& view, index_t rows, index_t cols) {
+  std::uint64_t h = 1469598103934665603ull;
+  if (!view.data) return 0;
+  for (index_t i = 0; i < rows; ++i)
+    for (index_t j = 0; j < cols; ++j) {
+      const std::int64_t x = [&]() -> std::int64_t {
+        if constexpr (V::rank == 1)
+          return static_cast<std::int64_t>(view(i));
+        else
+          return static_cast<std::int64_t>(view(i, j));
+      }();
+      h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
+    }
+  return static_cast<std::int64_t>(h | 1);  // never 0 (0: no view)
 }
 
 /// What every rank must agree on, and this rank's own sizes, as int64 words (floats by
@@ -243,6 +267,7 @@ struct call_descriptor {
     layout,
     far_chunks,
     with_lse,
+    lengths,  // params.k_lengths' values (hash)
     seq_len,  // this rank's (may differ between ranks: not compared)
     count
   };
@@ -269,7 +294,8 @@ inline const char* field_name(int f) {
                                       "skip_far_tiles",
                                       "options.layout",
                                       "options.skip_far_chunks",
-                                      "whether logsumexp is asked for"};
+                                      "whether logsumexp is asked for",
+                                      "params.k_lengths"};
   return names[f];
 }
 
@@ -331,11 +357,27 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   // This rank's own checks, reported to every rank through the descriptor.
   std::string local_error;
   const index_t n = q.extents[2];
-  if (params.q_lengths.data || params.k_lengths.data || params.q_offsets.data ||
-      params.k_offsets.data || params.key_mask.data || params.logsumexp.data || params.stats)
+  const index_t B = q.extents[0];
+  if (params.q_offsets.data || params.k_offsets.data || params.key_mask.data ||
+      params.logsumexp.data || params.stats)
     local_error = fn +
-                  ": params.q_lengths, k_lengths, q_offsets, k_offsets, key_mask, logsumexp "
-                  "and stats are not supported (pass lse and stats as arguments)";
+                  ": params.q_offsets, k_offsets, key_mask, logsumexp and stats are not "
+                  "supported (pass lse and stats as arguments)";
+  else if (params.k_lengths.data && params.k_lengths.extents[0] != B)
+    local_error = fn + ": params.k_lengths must have one length per batch entry (" + str(B) + ")";
+  else if (params.q_lengths.data && !params.k_lengths.data)
+    local_error = fn + ": params.q_lengths needs params.k_lengths (the sequences' lengths)";
+  else if (params.k_lengths.data && [&] {
+             for (index_t b = 0; b < B; ++b)
+               if (params.k_lengths(b) < 0 ||
+                   (params.q_lengths.data && (params.q_lengths.extents[0] != B ||
+                                              params.q_lengths(b) != params.k_lengths(b))))
+                 return true;
+             return false;
+           }())
+    local_error = fn +
+                  ": params.k_lengths must be >= 0 (each sequence's length over the whole "
+                  "sequence) and params.q_lengths, when given, equal to it";
   else if (k.extents[2] != n || v.extents[2] != n || out.extents[2] != n)
     local_error = fn + ": q, k, v and out must hold the same rows (extent(2)): got " + str(n) +
                   ", " + str(k.extents[2]) + ", " + str(v.extents[2]) + " and " +
@@ -357,6 +399,7 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
     const status s = can_implement(backend, q, k, v, out, [&] {
       attention_params p = params;
       p.mask = {};
+      p.q_lengths = p.k_lengths = {};  // over the whole sequences, checked below
       return p;
     }());
     if (!s) local_error = s.message();
@@ -382,12 +425,19 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   mine.w[D::layout] = layout;
   mine.w[D::far_chunks] = far_chunks ? 1 : 0;
   mine.w[D::with_lse] = lse.data ? 1 : 0;
+  mine.w[D::lengths] = view_hash(params.k_lengths, params.k_lengths.extents[0], 1);
   mine.w[D::seq_len] = n;
   const std::vector<std::int64_t> all =
       agree_words(comm, fn, mine.w, D::count, D::seq_len, field_name, local_error);
   auto word = [&](int r, int f) { return all[static_cast<std::size_t>(r) * D::count + f]; };
   std::vector<index_t> lengths(static_cast<std::size_t>(P));
-  for (int r = 0; r < P; ++r) lengths[static_cast<std::size_t>(r)] = word(r, D::seq_len);
+  index_t total = 0;
+  for (int r = 0; r < P; ++r) total += lengths[static_cast<std::size_t>(r)] = word(r, D::seq_len);
+  for (index_t b = 0; params.k_lengths.data && b < B; ++b)
+    if (params.k_lengths(b) > total)
+      alibi::detail::raise(
+          error(fn + ": params.k_lengths(" + str(b) + ") = " + str(params.k_lengths(b)) +
+                " is longer than the sequence (" + str(total) + " rows over the ranks)"));
   return lengths;
 }
 
@@ -403,8 +453,11 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
 /// logsumexp. Host backends (backend::eigen, backend::reference), float.
 ///
 /// params: scale, mask (causal, windows), slopes and skip_far_tiles as in attention(),
-/// applied at global positions. Not supported yet (an alibi::error): per-batch lengths and
-/// offsets, the key mask, logsumexp and stats in params (use `lse`, `stats`).
+/// applied at global positions. params.k_lengths (batch), optional, is each sequence's
+/// length over the whole sequence (the same on every rank; params.q_lengths, if given, must
+/// equal it): the rows at or after it are padding, whatever they hold (NaN too), and get
+/// out 0 and lse -inf. Not supported yet (an alibi::error): per-batch offsets, the key mask,
+/// logsumexp and stats in params (use `lse`, `stats`).
 ///
 /// Errors: an argument this rank refuses, or ranks that disagree on what must match, is an
 /// alibi::error on every rank (one MPI_Allgather of a small descriptor decides), never a hang.
@@ -464,6 +517,22 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     segs[static_cast<std::size_t>(r)] = detail::segments_of(options.layout, r, lengths);
   const std::vector<detail::segment>& my_segments = segs[static_cast<std::size_t>(rank)];
   const std::size_t nseg = my_segments.size();  // the same on every rank
+  // Each sequence's length (params.k_lengths; the rows after it are padding) and the valid
+  // rows of a run of positions.
+  std::vector<index_t> seq_len(static_cast<std::size_t>(B), std::numeric_limits<index_t>::max());
+  for (index_t b = 0; params.k_lengths.data && b < B; ++b)
+    seq_len[static_cast<std::size_t>(b)] = params.k_lengths(b);
+  auto valid = [&](const detail::segment& g, index_t b) {
+    return std::clamp<index_t>(seq_len[static_cast<std::size_t>(b)] - g.pos, 0, g.len);
+  };
+  // Whether a pair has keys for some query: the masks allow some, and some batch entry has
+  // valid rows in both.
+  auto live = [&](const detail::segment& qs, const detail::segment& ks) {
+    if (!detail::any_key(params.mask, qs.pos, qs.len, ks.pos, ks.len)) return false;
+    for (index_t b = 0; b < B; ++b)
+      if (valid(qs, b) > 0 && valid(ks, b) > 0) return true;
+    return false;
+  };
 
   // need[x P + s]: whether rank x computes anything with the K/V part of rank s. First from
   // the masks alone (every rank can tell); with far-chunk skipping, after this rank's own
@@ -474,8 +543,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     for (int s = 0; s < P; ++s)
       for (const detail::segment& qs : segs[static_cast<std::size_t>(x)])
         for (const detail::segment& ks : segs[static_cast<std::size_t>(s)])
-          if (detail::any_key(params.mask, qs.pos, qs.len, ks.pos, ks.len))
-            need[static_cast<std::size_t>(x * P + s)] = 1;
+          if (live(qs, ks)) need[static_cast<std::size_t>(x * P + s)] = 1;
   // Whether rank x, holding the part of rank x - t at step t, sends it on.
   auto forwards = [&](int x, int t) {
     const int s = ((x - t) % P + P) % P;
@@ -531,9 +599,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     for (std::size_t a = 0; a < nseg; ++a)
       for (std::size_t c = 0; c < nseg; ++c) {
         const detail::segment &qs = my_segments[a], &ks = segs[static_cast<std::size_t>(s)][c];
-        plan_of(s, a, c) = detail::any_key(params.mask, qs.pos, qs.len, ks.pos, ks.len)
-                               ? pair_plan::compute
-                               : pair_plan::masked;
+        plan_of(s, a, c) = live(qs, ks) ? pair_plan::compute : pair_plan::masked;
       }
   // The far-chunk plan needs the key norms of every segment (one MPI_Allgather of
   // (batch, kv_heads) maxima per segment) and this rank's query norms.
@@ -541,6 +607,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   if (skipping) {
     attention_params pp = params;
     pp.mask = {};
+    pp.q_lengths = pp.k_lengths = {};  // the slopes and the scale are all it is asked for
     alibi::detail::make_problem(q, k, v, out, pp, true, far.prob, fn.c_str()).throw_if_failed();
     far.B = B;
     far.Hq = Hq;
@@ -551,7 +618,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       for (index_t b = 0; b < B; ++b)
         for (index_t h = 0; h < Hkv; ++h) {
           float m = 0.0f;
-          for (index_t j = 0; j < my_segments[a].len; ++j)
+          for (index_t j = 0; j < valid(my_segments[a], b); ++j)  // padding may hold NaN
             m = detail::nan_max(m, detail::row_norm(k.ptr(b, h, my_segments[a].row + j), Dk));
           mine[(a * static_cast<std::size_t>(B) + static_cast<std::size_t>(b)) *
                    static_cast<std::size_t>(Hkv) +
@@ -563,6 +630,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
                       static_cast<int>(mine.size()), MPI_FLOAT, comm),
         "MPI_Allgather (key norms)");
     far.rows = n;
+    far.seq_len = seq_len;
     far.qnorm.resize(static_cast<std::size_t>(B * Hq * n));
     for (index_t b = 0; b < B; ++b)
       for (index_t h = 0; h < Hq; ++h)
@@ -580,9 +648,16 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     ++calls;
     const std::vector<index_t> qoff(static_cast<std::size_t>(B), qs.pos);
     const std::vector<index_t> koff(static_cast<std::size_t>(B), ks.pos);
+    std::vector<index_t> qlen(static_cast<std::size_t>(B)), klen(qlen.size());
+    for (index_t b = 0; b < B; ++b) {
+      qlen[static_cast<std::size_t>(b)] = valid(qs, b);
+      klen[static_cast<std::size_t>(b)] = valid(ks, b);
+    }
     attention_params p = params;
     p.q_offsets = make_view(qoff.data(), B);
     p.k_offsets = make_view(koff.data(), B);
+    p.q_lengths = make_view<const index_t>(qlen.data(), B);
+    p.k_lengths = make_view<const index_t>(klen.data(), B);
     if (hn != Hq) {  // the heads' own slopes
       if (p.slopes.values.data) {
         p.slopes.values.data += h0 * p.slopes.values.strides[1];
@@ -723,9 +798,9 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
 /// sequences, and their kv heads), each rank runs one attention() call over the whole
 /// sequences on its heads with their global slopes (slopes.head_offset and global_heads, or
 /// its columns of caller slopes), and the outputs (and logsumexps) go back by a second
-/// all-to-all. One call per rank sees the whole sequence, so far-tile skipping is as
-/// effective as in one process; each rank sends and receives (P - 1) / P of its q, k, v
-/// and out.
+/// all-to-all. params.k_lengths: as for ring_attention. One call per rank sees the whole sequence,
+/// so far-tile skipping is as effective as in one process; each rank sends and receives (P - 1) / P
+/// of its q, k, v and out.
 template <class Backend>
 void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const float, 4> q,
                         tensor_view<const float, 4> k, tensor_view<const float, 4> v,
@@ -783,6 +858,7 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
   std::vector<float> oh(static_cast<std::size_t>(B * hq * L * Dv));
   std::vector<float> lh(static_cast<std::size_t>(B * hq * L));
   attention_params p = params;
+  p.q_lengths = p.k_lengths;  // each sequence's length, for its queries and keys
   if (p.slopes.values.data) {
     p.slopes.values.data += rank * hq * p.slopes.values.strides[1];
     p.slopes.values.extents[1] = hq;
@@ -861,24 +937,6 @@ inline tensor_parallel_slice slice_of(MPI_Comm comm) {
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
   return {rank, P};
-}
-
-/// FNV-1a over a host view's values (lengths, a key mask): ranks compare the 64-bit hashes.
-template <class V>
-std::int64_t view_hash(const V& view, index_t rows, index_t cols) {
-  std::uint64_t h = 1469598103934665603ull;
-  if (!view.data) return 0;
-  for (index_t i = 0; i < rows; ++i)
-    for (index_t j = 0; j < cols; ++j) {
-      const std::int64_t x = [&]() -> std::int64_t {
-        if constexpr (V::rank == 1)
-          return static_cast<std::int64_t>(view(i));
-        else
-          return static_cast<std::int64_t>(view(i, j));
-      }();
-      h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
-    }
-  return static_cast<std::int64_t>(h | 1);  // never 0 (0: no view)
 }
 
 /// What the ranks of a tensor-parallel module must agree on: its configuration (once) and,
