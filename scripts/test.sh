@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs missing packages, then
 #   1. builds the unit tests and the fuzzer with AddressSanitizer and UndefinedBehaviorSanitizer
-#      (Debug, -O1) and runs the unit tests except the [heavy] grids and 40 fuzz seeds (skip
-#      with ALIBI_SANITIZE_TESTS=0);
+#      (Debug, -O1) and runs the unit tests except the [heavy] grids, 40 fuzz seeds and the MPI
+#      tests on 3 ranks (skip with ALIBI_SANITIZE_TESTS=0);
 #   2. builds every target in Release (with the CUDA targets when nvcc is found) and runs every
 #      ctest test: unit, consumer, example and fuzz (1,000 seeds) tests;
 #   3. builds the API reference (alibi_docs, Doxygen; any warning fails it).
@@ -21,6 +21,14 @@ if [ "${ALIBI_SANITIZE_TESTS:-1}" != 0 ]; then
   "$asan/tests/alibi_tests" "~[heavy]"
   echo "== sanitizers: fuzz seeds 0-39"
   "$asan/tests/alibi_fuzz" 0 40
+  if command -v mpirun > /dev/null; then
+    echo "== sanitizers: the MPI tests on 3 ranks (leak checks off: Open MPI keeps its own)"
+    cmake --build "$asan" --parallel "$jobs" --target alibi_mpi_ring alibi_mpi_tensor_parallel
+    for t in alibi_mpi_ring alibi_mpi_tensor_parallel; do
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+        ASAN_OPTIONS=detect_leaks=0 mpirun -np 3 "$asan/tests/$t" | tail -1
+    done
+  fi
 fi
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
