@@ -309,8 +309,8 @@ inline std::int64_t float_bits(float x) {
 /// words, of which word 0 says whether the rank accepted its own arguments and words
 /// [1, compared) must be equal on every rank (the rest are the rank's own sizes). Then every
 /// rank raises the same kind of alibi::error or none: its own `local_error`, "rank r refused
-/// its arguments", or "the ranks disagree on <name(f)>". Returns every rank's words,
-/// rank-major.
+/// its arguments", or "the ranks disagree on" and the name(f) of the first field that differs.
+/// Returns every rank's words, rank-major.
 inline std::vector<std::int64_t> agree_words(MPI_Comm comm, const std::string& fn,
                                              std::int64_t* words, int count, int compared,
                                              const char* (*name)(int),
