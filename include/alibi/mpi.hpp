@@ -461,11 +461,11 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
 ///
 /// Errors: an argument this rank refuses, or ranks that disagree on what must match, is an
 /// alibi::error on every rank (one MPI_Allgather of a small descriptor decides), never a hang.
-/// The K/V of a part go around the ring at most once (K and V messages to the next rank, sent
-/// while the part in hand is computed), and only as far as a later rank needs them: a pair
-/// (query segment, key segment) whose keys the masks exclude for every query (causal: the
-/// parts after this rank's) is not computed, and a part is not sent on when no rank after
-/// the next one computes with it.
+/// The K/V of a part travel both ways round the ring (K and V messages to the neighbours, sent
+/// while the parts in hand are computed): each rank gets a part the way that takes fewer hops
+/// (clockwise, rank r to r + 1, on a tie), and a part goes only as far as a rank further that
+/// way needs it. A pair (query segment, key segment) whose keys the masks exclude for every
+/// query (causal: the parts after this rank's) is not computed.
 ///
 /// Far-chunk skipping (options.skip_far_chunks, params.skip_far_tiles, slopes on): each
 /// rank first computes each of its segments against itself; then, for every other pair, the
@@ -536,32 +536,49 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
 
   // need[x P + s]: whether rank x computes anything with the K/V part of rank s. First from
   // the masks alone (every rank can tell); with far-chunk skipping, after this rank's own
-  // diagonal, from the bound (gathered from every rank). Rank x passes the part of s on
-  // only while a rank after it on the ring needs it, so skipped parts stop travelling.
+  // diagonal, from the bound (gathered from every rank). Parts travel both ways round the
+  // ring: the part of s reaches rank x clockwise (s -> s + 1 -> ...) or counter-clockwise,
+  // whichever takes fewer hops (clockwise on a tie), and a rank passes a part on only while
+  // a rank further along that way needs it, so skipped parts stop travelling.
   std::vector<int> need(static_cast<std::size_t>(P) * static_cast<std::size_t>(P), 0);
   for (int x = 0; x < P; ++x)
     for (int s = 0; s < P; ++s)
       for (const detail::segment& qs : segs[static_cast<std::size_t>(x)])
         for (const detail::segment& ks : segs[static_cast<std::size_t>(s)])
           if (live(qs, ks)) need[static_cast<std::size_t>(x * P + s)] = 1;
-  // Whether rank x, holding the part of rank x - t at step t, sends it on.
-  auto forwards = [&](int x, int t) {
-    const int s = ((x - t) % P + P) % P;
-    for (int u = t + 1; u < P; ++u)
-      if (need[static_cast<std::size_t>(((s + u) % P) * P + s)]) return true;
+  // Direction 0: clockwise (to rank + 1), 1: counter-clockwise. The rank t hops from s.
+  auto along = [&](int s, int t, int d) { return ((d == 0 ? s + t : s - t) % P + P) % P; };
+  auto hops = [&](int s, int x, int d) { return ((d == 0 ? x - s : s - x) % P + P) % P; };
+  auto direction = [&](int x, int s) { return hops(s, x, 0) <= hops(s, x, 1) ? 0 : 1; };
+  // Whether rank x, holding at step t the part that came t hops its way d, sends it on.
+  auto forwards = [&](int x, int t, int d) {
+    const int s = along(x, t, 1 - d);
+    for (int u = t + 1; u < P; ++u) {
+      const int y = along(s, u, d);
+      if (need[static_cast<std::size_t>(y * P + s)] && direction(y, s) == d) return true;
+    }
     return false;
   };
   const bool skipping =
       options.skip_far_chunks && params.skip_far_tiles && params.slopes.enabled && P * nseg > 1;
 
-  // K/V parts travel as contiguous (batch, kv_heads, rows, dim) buffers; two of each, the one
-  // in hand and the one arriving.
+  // K/V parts travel as contiguous (batch, kv_heads, rows, dim) buffers; for each direction
+  // two of each, the one in hand and the one arriving (the own part is kbuf[0][0]).
   index_t max_len = 0;
   for (index_t len : lengths) max_len = std::max(max_len, len);
   const std::size_t kcap = static_cast<std::size_t>(B * Hkv * max_len * Dk);
   const std::size_t vcap = static_cast<std::size_t>(B * Hkv * max_len * Dv);
-  std::vector<float> kbuf[2] = {std::vector<float>(kcap), std::vector<float>(kcap)};
-  std::vector<float> vbuf[2] = {std::vector<float>(vcap), std::vector<float>(vcap)};
+  // Counter-clockwise buffers only when some part goes that way (the masks' needs: the
+  // bound's only remove some).
+  bool ccw = false;
+  for (int x = 0; x < P; ++x)
+    for (int t = 0; t < P; ++t) ccw = ccw || forwards(x, t, 1);
+  std::vector<float> kbuf[2][2], vbuf[2][2];
+  for (int d = 0; d < (ccw ? 2 : 1); ++d)
+    for (int i = 0; i < 2; ++i) {
+      kbuf[d][i].resize(kcap);
+      vbuf[d][i].resize(vcap);
+    }
   auto pack = [&](const tensor_view<const float, 4>& t, index_t d, float* dst) {
     for (index_t b = 0; b < B; ++b)
       for (index_t h = 0; h < Hkv; ++h)
@@ -569,8 +586,8 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
           std::memcpy(dst + ((b * Hkv + h) * n + j) * d, t.ptr(b, h, j),
                       static_cast<std::size_t>(d) * sizeof(float));
   };
-  pack(k, Dk, kbuf[0].data());
-  pack(v, Dv, vbuf[0].data());
+  pack(k, Dk, kbuf[0][0].data());
+  pack(v, Dv, vbuf[0][0].data());
 
   // Partial results: (out, lse) accumulated in place; each further part into a scratch pair.
   std::vector<float> acc_lse(static_cast<std::size_t>(B * Hq * n));
@@ -700,39 +717,64 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       }
   };
 
+  // Every pair of this rank with the part of src: computed, or counted as masked / skipped.
+  auto pairs_with = [&](int src, const tensor_view<const float, 4>& kpart,
+                        const tensor_view<const float, 4>& vpart, bool diagonal_done) {
+    const bool wanted = src == rank || need[static_cast<std::size_t>(rank * P + src)];
+    for (std::size_t a = 0; a < nseg; ++a)
+      for (std::size_t c = 0; c < nseg; ++c) {
+        if (diagonal_done && a == c) continue;
+        const pair_plan pl = plan_of(src, a, c);
+        if (pl == pair_plan::masked)
+          ++masked;
+        else if (pl == pair_plan::skipped || !wanted)
+          ++skipped;
+        else
+          attend_pair(my_segments[a], segs[static_cast<std::size_t>(src)][c], kpart, vpart);
+      }
+  };
+  const int to[2] = {next, prev}, from[2] = {prev, next};
   for (int step = 0; step < P; ++step) {
-    const int src = (rank - step + P) % P;  // whose part is in hand
-    const int cur = step % 2;
-    const index_t src_len = lengths[static_cast<std::size_t>(src)];
     if (step + 1 < P)
-      full_ring += B * Hkv * src_len * (Dk + Dv) * static_cast<std::int64_t>(sizeof(float));
-    // Start passing the part in hand on (when a later rank needs it), and receiving the one
-    // `prev` passes on.
-    MPI_Request req[4];
+      full_ring += B * Hkv * lengths[static_cast<std::size_t>(along(rank, step, 1))] * (Dk + Dv) *
+                   static_cast<std::int64_t>(sizeof(float));
+    // Per direction: start passing the part in hand on (when a rank further that way needs
+    // it), and receiving the one the neighbour passes on.
+    MPI_Request req[8];
     int nreq = 0;
-    if (forwards(rank, step)) {
-      const int kn = static_cast<int>(B * Hkv * src_len * Dk),
-                vn = static_cast<int>(B * Hkv * src_len * Dv);
-      detail::check_mpi(
-          MPI_Isend(kbuf[cur].data(), kn, MPI_FLOAT, next, 2 * step, comm, &req[nreq++]),
-          "MPI_Isend (K)");
-      detail::check_mpi(
-          MPI_Isend(vbuf[cur].data(), vn, MPI_FLOAT, next, 2 * step + 1, comm, &req[nreq++]),
-          "MPI_Isend (V)");
-      sent += static_cast<std::int64_t>(kn + vn) * static_cast<std::int64_t>(sizeof(float));
+    float *kin[2], *vin[2];
+    for (int d = 0; d < 2; ++d) {
+      const int src = along(rank, step, 1 - d);  // the part in hand that came this way
+      kin[d] = step == 0 ? kbuf[0][0].data() : kbuf[d][step % 2].data();
+      vin[d] = step == 0 ? vbuf[0][0].data() : vbuf[d][step % 2].data();
+      const int tag = 4 * step + 2 * d;
+      if (forwards(rank, step, d)) {
+        const index_t len = lengths[static_cast<std::size_t>(src)];
+        const int kn = static_cast<int>(B * Hkv * len * Dk),
+                  vn = static_cast<int>(B * Hkv * len * Dv);
+        detail::check_mpi(MPI_Isend(kin[d], kn, MPI_FLOAT, to[d], tag, comm, &req[nreq++]),
+                          "MPI_Isend (K)");
+        detail::check_mpi(MPI_Isend(vin[d], vn, MPI_FLOAT, to[d], tag + 1, comm, &req[nreq++]),
+                          "MPI_Isend (V)");
+        sent += static_cast<std::int64_t>(kn + vn) * static_cast<std::int64_t>(sizeof(float));
+      }
+      if (forwards(from[d], step, d)) {
+        const index_t len = lengths[static_cast<std::size_t>(along(from[d], step, 1 - d))];
+        float* kto = kbuf[d][(step + 1) % 2].data();
+        float* vto = vbuf[d][(step + 1) % 2].data();
+        detail::check_mpi(MPI_Irecv(kto, static_cast<int>(B * Hkv * len * Dk), MPI_FLOAT, from[d],
+                                    tag, comm, &req[nreq++]),
+                          "MPI_Irecv (K)");
+        detail::check_mpi(MPI_Irecv(vto, static_cast<int>(B * Hkv * len * Dv), MPI_FLOAT, from[d],
+                                    tag + 1, comm, &req[nreq++]),
+                          "MPI_Irecv (V)");
+      }
     }
-    if (forwards(prev, step)) {
-      const index_t from_len = lengths[static_cast<std::size_t>((rank - step - 1 + 2 * P) % P)];
-      detail::check_mpi(MPI_Irecv(kbuf[1 - cur].data(), static_cast<int>(B * Hkv * from_len * Dk),
-                                  MPI_FLOAT, prev, 2 * step, comm, &req[nreq++]),
-                        "MPI_Irecv (K)");
-      detail::check_mpi(MPI_Irecv(vbuf[1 - cur].data(), static_cast<int>(B * Hkv * from_len * Dv),
-                                  MPI_FLOAT, prev, 2 * step + 1, comm, &req[nreq++]),
-                        "MPI_Irecv (V)");
-    }
-    const auto kpart = make_view<const float>(kbuf[cur].data(), B, Hkv, src_len, Dk);
-    const auto vpart = make_view<const float>(vbuf[cur].data(), B, Hkv, src_len, Dv);
+    auto part_view = [&](float* data, int src, index_t d) {
+      return make_view<const float>(data, B, Hkv, lengths[static_cast<std::size_t>(src)], d);
+    };
     if (step == 0) {
+      const auto kpart = part_view(kin[0], rank, Dk), vpart = part_view(vin[0], rank, Dv);
       // Each segment against itself first: the rows' normalizers the bound compares with.
       for (std::size_t a = 0; a < nseg; ++a)
         if (plan_of(rank, a, a) == pair_plan::compute)
@@ -754,23 +796,15 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
         detail::check_mpi(MPI_Allgather(mine.data(), P, MPI_INT, need.data(), P, MPI_INT, comm),
                           "MPI_Allgather (far-chunk plan)");
       }
+      pairs_with(rank, kpart, vpart, true);
+    } else {
+      // Each other part is taken up once: at the step and on the way it reaches this rank.
+      for (int d = 0; d < 2; ++d) {
+        const int src = along(rank, step, 1 - d);
+        if (direction(rank, src) != d) continue;
+        pairs_with(src, part_view(kin[d], src, Dk), part_view(vin[d], src, Dv), false);
+      }
     }
-    if (step == 0 || need[static_cast<std::size_t>(rank * P + src)])
-      for (std::size_t a = 0; a < nseg; ++a)
-        for (std::size_t c = 0; c < nseg; ++c) {
-          if (step == 0 && a == c) continue;  // done above
-          const pair_plan pl = plan_of(src, a, c);
-          if (pl == pair_plan::masked)
-            ++masked;
-          else if (pl == pair_plan::skipped)
-            ++skipped;
-          else
-            attend_pair(my_segments[a], segs[static_cast<std::size_t>(src)][c], kpart, vpart);
-        }
-    else
-      for (std::size_t a = 0; a < nseg; ++a)
-        for (std::size_t c = 0; c < nseg; ++c)
-          ++(plan_of(src, a, c) == pair_plan::masked ? masked : skipped);
     if (nreq > 0) {
       const double t0 = MPI_Wtime();
       detail::check_mpi(MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE), "MPI_Waitall (K/V ring)");
