@@ -572,7 +572,8 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   // bound's only remove some).
   bool ccw = false;
   for (int x = 0; x < P; ++x)
-    for (int t = 0; t < P; ++t) ccw = ccw || forwards(x, t, 1);
+    for (int s = 0; s < P; ++s)
+      ccw = ccw || (s != x && need[static_cast<std::size_t>(x * P + s)] && direction(x, s) == 1);
   std::vector<float> kbuf[2][2], vbuf[2][2];
   for (int d = 0; d < (ccw ? 2 : 1); ++d)
     for (int i = 0; i < 2; ++i) {
