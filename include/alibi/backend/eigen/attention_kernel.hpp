@@ -159,6 +159,23 @@ inline bool begin_score_tile(const item_rows& it, const kv_tile& kv, index_t j0,
   // Valid local rows of each key column; keys the key mask excludes get none.
   const bool* key_mask_row = p.key_mask.data ? p.key_mask.ptr(it.b) : nullptr;
   ws.bad_count = 0;
+  if (!key_mask_row && !careful) {
+    // No key is excluded or checked: [c0, c1) changes only at keys where a row's range
+    // begins or ends, so the columns between two such keys are filled as one run (a decode
+    // tile is one or two runs instead of a loop over its keys for every head).
+    for (index_t j = 0, lo = 0, hi = 0; j < bk;) {
+      const index_t key = j0 + j;
+      while (lo < m && ws.end[ra + lo] <= key) ++lo;
+      while (hi < m && ws.begin[ra + hi] <= key) ++hi;
+      index_t next = j0 + bk;  // the next key where lo or hi moves
+      if (lo < m) next = std::min(next, ws.end[ra + lo]);
+      if (hi < m) next = std::min(next, ws.begin[ra + hi]);
+      std::fill(ws.c0.data() + j, ws.c0.data() + (next - j0), lo);
+      std::fill(ws.c1.data() + j, ws.c1.data() + (next - j0), std::max(lo, hi));
+      j = next - j0;
+    }
+    return true;
+  }
   for (index_t j = 0, lo = 0, hi = 0; j < bk; ++j) {
     const index_t key = j0 + j;
     while (lo < m && ws.end[ra + lo] <= key) ++lo;
@@ -412,9 +429,10 @@ inline workspace* small_workspaces(index_t heads) {
   return w.data();
 }
 
-/// Rows of a key tile as floats: row j at data + j * ld.
-struct float_rows {
-  const float* data;
+/// Rows of a key tile in their storage type: row j at data + j * ld.
+template <class T>
+struct tile_rows {
+  const T* data;
   index_t ld;
 };
 
@@ -422,14 +440,12 @@ struct float_rows {
 /// small-row products (small_rows.hpp): each K and V row of the tile is read once for all
 /// the heads' rows. Each head's scores are row-major in its workspace (ws.s), its output
 /// row-major in ws.o (leading dimension ldo); `prefetch(j)` requests rows of the next tile.
-/// The products take the tile's keys `chunk` at a time, each chunk's K or V rows from
-/// rows_of(keys, j, n) (rows [j, j + n), valid until its next call); `kv` is read only by
-/// the careful path (non-finite V rows). Each output element gets the same additions in the
-/// same order whatever the chunk.
-template <class Prefetch, class RowsOf>
+/// The products read the tile's K and V rows from `k` and `v` (fp32, or half precision
+/// widened in registers); `kv` is read only by the careful path (non-finite V rows).
+template <class T, class Prefetch>
 void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
                 const tensor_view<const float, 4>& q, const kv_tile& kv, index_t j0, bool careful,
-                index_t ldo, Prefetch&& prefetch, RowsOf&& rows_of, index_t chunk) {
+                index_t ldo, Prefetch&& prefetch, tile_rows<T> k, tile_rows<T> v) {
   const attention_problem& p = *heads.front().it.p;
   const index_t d = p.head_dim, dv = p.v_head_dim;
   thread_local std::vector<const float*> in_rows;
@@ -448,15 +464,7 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
   }
   if (!first) return;
   const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
-  thread_local std::vector<float*> s_at;
-  for (index_t c0 = 0; c0 < bk; c0 += chunk) {
-    const index_t n = std::min(chunk, bk - c0);
-    const float_rows kr = rows_of(true, c0, n);
-    s_at.assign(out_rows.begin(), out_rows.end());
-    for (float*& r : s_at) r += c0;
-    small_scores(in_rows.data(), rows, kr.data, kr.ld, n, d, s_at.data(),
-                 [&](index_t j) { prefetch(c0 + j); });
-  }
+  small_scores(in_rows.data(), rows, k.data, k.ld, bk, d, out_rows.data(), prefetch);
 
   in_rows.clear();
   out_rows.clear();
@@ -473,19 +481,8 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
       out_rows.push_back(o);
     }
   }
-  thread_local std::vector<const float*> p_at;
-  thread_local std::vector<index_t> bad_at;
-  const index_t* bad = first->ws->bad.data();
-  for (index_t c0 = 0, u = 0; c0 < bk; c0 += chunk) {
-    const index_t n = std::min(chunk, bk - c0);
-    const float_rows vr = rows_of(false, c0, n);
-    bad_at.clear();
-    for (; u < first->ws->bad_count && bad[u] < c0 + n; ++u) bad_at.push_back(bad[u] - c0);
-    p_at.assign(in_rows.begin(), in_rows.end());
-    for (const float*& r : p_at) r += c0;
-    small_pv(p_at.data(), rows, vr.data, vr.ld, n, dv, bad_at.data(),
-             static_cast<index_t>(bad_at.size()), out_rows.data());
-  }
+  small_pv(in_rows.data(), rows, v.data, v.ld, bk, dv, first->ws->bad.data(), first->ws->bad_count,
+           out_rows.data());
   for (head_pass& hp : heads) {
     if (!hp.meets || hp.ws->bad_count == 0) continue;
     const float* s = hp.ws->s.data();
@@ -553,34 +550,20 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
         if (j < next_bk) kv.prefetch(true, b, it0.hk, next_j0 + j);
       };
       if (!std::is_same<T, float>::value && !careful) {
-        // Half-precision K/V: converted a few keys at a time inside the products, so that
-        // the fp32 copies stay in L1 (a whole converted tile, 128 KiB at D = 128, would
-        // go out to L2 and be read back).
-        const index_t ldk = padded_stride(std::max<index_t>(d, 1));
-        const index_t ldv = padded_stride(std::max<index_t>(dv, 1));
-        const index_t chunk = l1_block_keys(std::max(ldk, ldv));
-        kv_tile_buffers& buf = kv_tile_buffers::local();
-        buf.k.reserve(static_cast<std::size_t>(chunk * ldk));
-        buf.v.reserve(static_cast<std::size_t>(chunk * ldv));
-        const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(ldk)),
-                             kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(ldv))};
-        small_tile(
-            heads, done, q, unread, j0, careful, ldo, prefetch,
-            [&](bool keys, index_t c0, index_t n) {
-              float* dst = keys ? buf.k.data() : buf.v.data();
-              kv.to_floats(keys, b, it0.hk, j0 + c0, n, dst, keys ? ldk : ldv);
-              return float_rows{dst, keys ? ldk : ldv};
-            },
-            chunk);
+        // Half-precision K/V: the products widen it in registers as they read it (a
+        // converted copy would be written and read back, and the conversion loop would wait
+        // for memory with no arithmetic beside it).
+        const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(d)),
+                             kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(dv))};
+        small_tile(heads, done, q, unread, j0, careful, ldo, prefetch,
+                   tile_rows<T>{kv.k.ptr(b, it0.hk, j0), kv.k.strides[2]},
+                   tile_rows<T>{kv.v.ptr(b, it0.hk, j0), kv.v.strides[2]});
       } else {
+        // fp32 in place, or (careful path) half precision converted into fp32 tiles.
         const kv_tile tile_kv = kv.tile(b, it0.hk, j0, n_keys);
-        small_tile(
-            heads, done, q, tile_kv, j0, careful, ldo, prefetch,
-            [&](bool keys, index_t c0, index_t) {
-              const kv_rows_map& m = keys ? tile_kv.k : tile_kv.v;
-              return float_rows{m.data() + c0 * m.outerStride(), m.outerStride()};
-            },
-            bk);
+        small_tile(heads, done, q, tile_kv, j0, careful, ldo, prefetch,
+                   tile_rows<float>{tile_kv.k.data(), tile_kv.k.outerStride()},
+                   tile_rows<float>{tile_kv.v.data(), tile_kv.v.outerStride()});
       }
     } else {
       const kv_tile tile_kv = kv.tile(b, it0.hk, j0, n_keys);

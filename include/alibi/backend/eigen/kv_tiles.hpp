@@ -4,19 +4,15 @@
 // storage; half-precision storage halves the bytes a memory-bound decode step streams.
 #pragma once
 
-#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include <Eigen/Core>
 
+#include "alibi/backend/eigen/simd.hpp"
 #include "alibi/backend/eigen/workspace.hpp"
 #include "alibi/config.hpp"
 #include "alibi/tensor_view.hpp"
-
-#if defined(__F16C__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 namespace alibi {
 namespace detail {
@@ -24,36 +20,16 @@ namespace cpu {
 
 inline namespace ALIBI_CPU_ISA {
 
-/// dst[0, n) = src[0, n) as floats. Both conversions are exact (every half and bfloat16
-/// value is a float). With F16C (fp16) or AVX2 (bf16: the 16 bits are a float's top half,
-/// so a zero-extend and a 16-bit shift) eight values per instruction; otherwise Eigen's
-/// scalar conversion. The vector and scalar paths give the same floats for every bit pattern
-/// except signalling NaNs, which F16C returns quieted (a NaN either way).
-inline void to_float(const Eigen::half* src, float* dst, index_t n) {
+/// dst[0, n) = src[0, n) as floats, a packet at a time (load_floats: Eigen's F16C / shift
+/// conversion where it vectorizes the type), then the scalar tail. Both conversions are
+/// exact (every half and bfloat16 value is a float); the vector and scalar paths give the
+/// same floats for every bit pattern except signalling NaNs, which F16C returns quieted (a
+/// NaN either way).
+template <class T>
+void to_float(const T* src, float* dst, index_t n) {
   index_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i,
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-#endif
+  for (; i + lanes <= n; i += lanes) Eigen::internal::pstoreu(dst + i, load_floats(src + i));
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
-
-inline void to_float(const Eigen::bfloat16* src, float* dst, index_t n) {
-  index_t i = 0;
-#if defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) {
-    const __m256i wide =
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
-  }
-#endif
-  for (; i < n; ++i) {
-    std::uint16_t bits;
-    std::memcpy(&bits, src + i, sizeof bits);
-    const std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
-    std::memcpy(dst + i, &wide, sizeof wide);
-  }
 }
 
 inline void to_float(const float* src, float* dst, index_t n) {

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <Eigen/Core>
 
@@ -40,6 +41,38 @@ inline namespace ALIBI_CPU_ISA {
 #endif
 using packet = Eigen::internal::packet_traits<float>::type;
 inline constexpr int lanes = Eigen::internal::unpacket_traits<packet>::size;
+
+/// Packets of K or V elements: `lanes` stored values from p (any alignment) as floats, so
+/// that the products widen half precision in registers and no converted copy is written.
+/// fp16 goes through F16C's vcvtph2ps where the target has it (called directly: Eigen 3.4
+/// enables its own F16C path only under clang, and falls back to a scalar emulation under
+/// GCC), bfloat16 through Eigen's packet cast (a 16-bit shift) where Eigen vectorizes it at
+/// this packet width, and anything else element by element. Every path is exact, so the
+/// products see the same floats whichever runs (signalling NaNs may come out quieted).
+template <class T>
+ALIBI_FORCEINLINE packet load_floats(const T* p) {
+  namespace ei = Eigen::internal;
+  if constexpr (std::is_same<T, float>::value) {
+    return ei::ploadu<packet>(p);
+  } else {
+#if defined(__F16C__) && defined(EIGEN_VECTORIZE_AVX512)
+    if constexpr (std::is_same<T, Eigen::half>::value)
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__F16C__) && defined(EIGEN_VECTORIZE_AVX)
+    if constexpr (std::is_same<T, Eigen::half>::value)
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#endif
+    using stored = typename ei::packet_traits<T>::type;
+    if constexpr (std::is_same<T, Eigen::bfloat16>::value && ei::packet_traits<T>::Vectorizable &&
+                  ei::unpacket_traits<stored>::size == lanes && lanes > 1) {
+      return ei::pcast<stored, packet>(ei::ploadu<stored>(p));
+    } else {
+      alignas(64) float wide[lanes];
+      for (int i = 0; i < lanes; ++i) wide[i] = static_cast<float>(p[i]);
+      return ei::pload<packet>(wide);
+    }
+  }
+}
 
 /// Rows rounded up to whole packets.
 inline index_t packet_rows(index_t m) { return (m + lanes - 1) / lanes * lanes; }

@@ -23,67 +23,155 @@ namespace detail {
 namespace cpu {
 inline namespace ALIBI_CPU_ISA {
 
-/// The dot products of R rows q[t] with J key rows k[u] (d floats each), each pair with one
-/// accumulator: packets along d, reduced, then the scalar tail. R x J independent chains keep
-/// the FMA units busy whatever the number of rows; each result's order is its own.
+/// The vector registers the products may plan their accumulators for.
+#if defined(__AVX512F__) || defined(__aarch64__)
+inline constexpr int vector_registers = 32;
+#else
+inline constexpr int vector_registers = 16;
+#endif
+
+#if defined(EIGEN_VECTORIZE_AVX512)
+/// The sums of the lanes of eight packets, in one reduction tree: sum i in lane i. Each
+/// sum folds its packet in halves (lane l with lane l + 8, then l + 4, l + 2, l + 1), the
+/// order of one_sum below, so a sum does not depend on the packets beside it.
+ALIBI_FORCEINLINE __m256 eight_sums(const packet* acc) {
+  // Halves: pairs of packets into one, lanes [0, 8) from the first and [8, 16) from the
+  // second, each lane l the sum of lanes l and l + 8 of its packet.
+  __m512 h[4];
+  for (int i = 0; i < 4; ++i)
+    h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xee));
+  // Quarters: 128-bit lane q of f[r] holds packet 4 r + q folded to four lanes (lane l
+  // plus lane l + 4 of its 8-lane sums).
+  __m512 f[2];
+  for (int r = 0; r < 2; ++r)
+    f[r] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * r], h[2 * r + 1], 0x88),
+                         _mm512_shuffle_f32x4(h[2 * r], h[2 * r + 1], 0xdd));
+  // Eighths, in each 128-bit lane q: [f0 l0 + l2, f0 l1 + l3, f1 l0 + l2, f1 l1 + l3].
+  const __m512 e =
+      _mm512_add_ps(_mm512_shuffle_ps(f[0], f[1], 0x44), _mm512_shuffle_ps(f[0], f[1], 0xee));
+  // The last fold, lane 0 plus lane 1 of each pair: packet q's sum lands in lane 4 q,
+  // packet 4 + q's in lane 4 q + 2.
+  const __m512 x = _mm512_add_ps(e, _mm512_permute_ps(e, 0xb1));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, x));
+}
+
+/// The sum of one packet's lanes, folded in halves as in eight_sums (Eigen's predux does the
+/// same with AVX-512DQ, and adds the four 128-bit lanes pairwise without it).
+ALIBI_FORCEINLINE float one_sum(const packet& a) {
+  const __m256 x = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  const __m128 y = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 z = _mm_add_ps(y, _mm_movehl_ps(y, y));
+  return _mm_cvtss_f32(_mm_add_ss(z, _mm_shuffle_ps(z, z, 1)));
+}
+
+/// s[t][j + u] = sums[t * J + u] for the R x J = 8 sums of eight_sums.
 template <int R, int J>
-ALIBI_FORCEINLINE void dot_block(const float* const* q, const float* const* k, index_t d,
-                                 float (*out)[J]) {
-  namespace ei = Eigen::internal;
-  const index_t dp = d / lanes * lanes;
-  packet acc[R][J];
-  for (int t = 0; t < R; ++t)
-    for (int u = 0; u < J; ++u) acc[t][u] = ei::pset1<packet>(0.0f);
-  for (index_t e = 0; e < dp; e += lanes) {
-    packet kp[J];
-    for (int u = 0; u < J; ++u) kp[u] = ei::ploadu<packet>(k[u] + e);
-    for (int t = 0; t < R; ++t) {
-      const packet qp = ei::ploadu<packet>(q[t] + e);
-      for (int u = 0; u < J; ++u) acc[t][u] = ei::pmadd(qp, kp[u], acc[t][u]);
+ALIBI_FORCEINLINE void store_sums(__m256 sums, float* const* s, index_t j) {
+  static_assert(R * J == 8, "eight sums");
+  if constexpr (R == 1) {
+    _mm256_storeu_ps(s[0] + j, sums);
+  } else {
+    const __m128 lo = _mm256_castps256_ps128(sums), hi = _mm256_extractf128_ps(sums, 1);
+    if constexpr (R == 2) {
+      _mm_storeu_ps(s[0] + j, lo);
+      _mm_storeu_ps(s[1] + j, hi);
+    } else {
+      _mm_storel_pi(reinterpret_cast<__m64*>(s[0] + j), lo);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(s[1] + j), lo);
+      _mm_storel_pi(reinterpret_cast<__m64*>(s[2] + j), hi);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(s[3] + j), hi);
     }
   }
+}
+#endif
+
+/// out[i] = the sum of the lanes of acc[i], for N packets, in an order that depends only on
+/// acc[i] (so a query row's scores do not depend on the rows computed beside it).
+template <int N>
+ALIBI_FORCEINLINE void sum_lanes(const packet* acc, float* out) {
+#if defined(EIGEN_VECTORIZE_AVX512)
+  if constexpr (N % 8 == 0) {
+    for (int g = 0; g < N / 8; ++g) _mm256_storeu_ps(out + 8 * g, eight_sums(acc + 8 * g));
+  } else {
+    for (int i = 0; i < N; ++i) out[i] = one_sum(acc[i]);
+  }
+#else
+  for (int i = 0; i < N; ++i) out[i] = Eigen::internal::predux(acc[i]);
+#endif
+}
+
+/// s[t][j + u] = q[t] . k[u] for R rows q[t] and J key rows k[u] (d elements each, stored as
+/// T), each pair with one accumulator: packets along d, summed (sum_lanes), then the scalar
+/// tail. R x J independent chains keep the FMA units busy whatever the number of rows;
+/// each result's order is its own.
+template <int R, int J, class T>
+ALIBI_FORCEINLINE void dot_block(const float* const* q, const T* const* k, index_t d,
+                                 float* const* s, index_t j) {
+  namespace ei = Eigen::internal;
+  const index_t dp = d / lanes * lanes;
+  packet acc[R * J];
+  for (int i = 0; i < R * J; ++i) acc[i] = ei::pset1<packet>(0.0f);
+  for (index_t e = 0; e < dp; e += lanes) {
+    packet kp[J];
+    for (int u = 0; u < J; ++u) kp[u] = load_floats(k[u] + e);
+    for (int t = 0; t < R; ++t) {
+      const packet qp = ei::ploadu<packet>(q[t] + e);
+      for (int u = 0; u < J; ++u) acc[t * J + u] = ei::pmadd(qp, kp[u], acc[t * J + u]);
+    }
+  }
+#if defined(EIGEN_VECTORIZE_AVX512)
+  if constexpr (R * J % 8 == 0 && 8 % J == 0) {
+    if (dp == d) {  // no tail: the sums go from registers to the score rows, 8 at a time
+      constexpr int rows8 = 8 / J;
+      for (int g = 0; g < R / rows8; ++g)
+        store_sums<rows8, J>(eight_sums(acc + 8 * g), s + g * rows8, j);
+      return;
+    }
+  }
+#endif
+  float sums[R * J];
+  sum_lanes<R * J>(acc, sums);
   for (int t = 0; t < R; ++t)
     for (int u = 0; u < J; ++u) {
       float tail = 0.0f;
-      for (index_t e = dp; e < d; ++e) tail += q[t][e] * k[u][e];
-      out[t][u] = ei::predux(acc[t][u]) + tail;
+      for (index_t e = dp; e < d; ++e) tail += q[t][e] * static_cast<float>(k[u][e]);
+      s[t][j + u] = sums[t * J + u] + tail;
     }
 }
 
 /// s[t][j] = q[t] . k_j for R rows and the keys j < bk (row j at k + j * ldk), J keys at a
 /// time.
-template <int R, int J, class Prefetch>
-void scores_rows(const float* const* q, const float* k, index_t ldk, index_t bk, index_t d,
+template <int R, int J, class T, class Prefetch>
+void scores_rows(const float* const* q, const T* k, index_t ldk, index_t bk, index_t d,
                  float* const* s, Prefetch&& prefetch) {
-  float out[R][J];
   index_t j = 0;
   for (; j + J <= bk; j += J) {
-    const float* kr[J];
+    const T* kr[J];
     for (int u = 0; u < J; ++u) {
       prefetch(j + u);
       kr[u] = k + (j + u) * ldk;
     }
-    dot_block<R, J>(q, kr, d, out);
-    for (int t = 0; t < R; ++t)
-      for (int u = 0; u < J; ++u) s[t][j + u] = out[t][u];
+    dot_block<R, J>(q, kr, d, s, j);
   }
   for (; j < bk; ++j) {
     prefetch(j);
-    const float* kr[1] = {k + j * ldk};
-    float one[R][1];
-    dot_block<R, 1>(q, kr, d, one);
-    for (int t = 0; t < R; ++t) s[t][j] = one[t][0];
+    const T* kr[1] = {k + j * ldk};
+    dot_block<R, 1>(q, kr, d, s, j);
   }
 }
 
 /// s[t][j] = q[t] . k_j for the rows t < m (q[t]: d floats) and the keys j < bk of a key
-/// tile (row j at k + j * ldk). prefetch(j) is called once per key j: the caller requests
-/// rows from memory meanwhile.
-template <class Prefetch>
-void small_scores(const float* const* q, index_t m, const float* k, index_t ldk, index_t bk,
-                  index_t d, float* const* s, Prefetch&& prefetch) {
-  // Blocks of 4, 2 and 1 rows, with 2, 4 and 8 keys at a time: 8 chains each. The prefetch
-  // runs with the first block only.
+/// tile (row j at k + j * ldk, stored as T). prefetch(j) is called once per key j: the
+/// caller requests rows from memory meanwhile.
+template <class T, class Prefetch>
+void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, index_t bk, index_t d,
+                  float* const* s, Prefetch&& prefetch) {
+  // Blocks of 4, 2 and 1 rows, with 2, 4 and 8 keys at a time: 8 chains each (16, with
+  // 4 keys for 4 rows, measured no faster with AVX-512). The prefetch runs with the first
+  // block only.
   auto none = [](index_t) {};
   index_t t = 0;
   for (; t + 4 <= m; t += 4)
@@ -97,48 +185,60 @@ void small_scores(const float* const* q, index_t m, const float* k, index_t ldk,
            : scores_rows<1, 8>(q + t, k, ldk, bk, d, s + t, none);
 }
 
-/// o[c * lanes, (c + C) * lanes) += sum over keys j in [jb, je) of p[j] v_j for one row: the
-/// C packets of o stay in registers while the keys go by in ascending order (v_j at
-/// v + j * ldv). Each key's C products are independent, so the FMA units stay busy even
-/// though every packet's own sum is a chain over the keys.
-template <int C>
-ALIBI_FORCEINLINE void pv_packets(const float* p, const float* v, index_t ldv, index_t jb,
-                                  index_t je, float* o) {
+/// o[t][c * lanes, (c + C) * lanes) += sum over keys j in [jb, je) of p[t][j] v_j for R rows:
+/// the R x C packets of o stay in registers while the keys go by in ascending order (v_j at
+/// v + j * ldv, stored as T), and each V packet is loaded (and widened) once for all R rows.
+/// Each key's R x C products are independent, so the FMA units stay busy even though every
+/// packet's own sum is a chain over the keys.
+template <int R, int C, class T>
+ALIBI_FORCEINLINE void pv_packets(const float* const* p, const T* v, index_t ldv, index_t jb,
+                                  index_t je, float* const* o) {
   namespace ei = Eigen::internal;
-  packet acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = ei::ploadu<packet>(o + c * lanes);
+  packet acc[R][C];
+  for (int t = 0; t < R; ++t)
+    for (int c = 0; c < C; ++c) acc[t][c] = ei::ploadu<packet>(o[t] + c * lanes);
   for (index_t j = jb; j < je; ++j) {
-    const packet w = ei::pset1<packet>(p[j]);
-    const float* vj = v + j * ldv;
-    for (int c = 0; c < C; ++c) acc[c] = ei::pmadd(w, ei::ploadu<packet>(vj + c * lanes), acc[c]);
+    const T* vj = v + j * ldv;
+    packet vp[C];
+    for (int c = 0; c < C; ++c) vp[c] = load_floats(vj + c * lanes);
+    for (int t = 0; t < R; ++t) {
+      const packet w = ei::pset1<packet>(p[t][j]);
+      for (int c = 0; c < C; ++c) acc[t][c] = ei::pmadd(w, vp[c], acc[t][c]);
+    }
   }
-  for (int c = 0; c < C; ++c) ei::pstoreu(o + c * lanes, acc[c]);
+  for (int t = 0; t < R; ++t)
+    for (int c = 0; c < C; ++c) ei::pstoreu(o[t] + c * lanes, acc[t][c]);
 }
 
-/// o[e] += sum over keys j in [jb, je) of p[j] v_j[e] for one row, keys in ascending order
-/// (v_j at v + j * ldv, dv floats): up to 8 packets of o at a time (128 floats with AVX-512,
-/// a whole row for head dims up to 128), then the scalar tail. A V row is read front to back
-/// for each group of packets, in ascending keys: one contiguous run the hardware prefetcher
-/// follows.
-inline void pv_row(const float* p, const float* v, index_t ldv, index_t jb, index_t je, index_t dv,
-                   float* o) {
+/// o[t][e] += sum over keys j in [jb, je) of p[t][j] v_j[e] for R rows, keys in ascending
+/// order (v_j at v + j * ldv, dv elements): as many packets of the rows at a time as half
+/// the vector registers hold (at most 8 per row: a whole row for head dims up to 128 with
+/// AVX-512 and one row), then the scalar tail. A V row is read front to back for each group
+/// of packets, in ascending keys: one contiguous run the hardware prefetcher follows.
+template <int R, class T>
+void pv_rows(const float* const* p, const T* v, index_t ldv, index_t jb, index_t je, index_t dv,
+             float* const* o) {
+  constexpr int C = std::max(1, std::min(8, vector_registers / 2 / R));
   const index_t dp = dv / lanes * lanes;
   index_t e = 0;
-  for (; e + 8 * lanes <= dp; e += 8 * lanes) pv_packets<8>(p, v + e, ldv, jb, je, o + e);
-  if (e + 4 * lanes <= dp) {
-    pv_packets<4>(p, v + e, ldv, jb, je, o + e);
-    e += 4 * lanes;
+  auto at = [&](index_t e0, float** oe) {
+    for (int t = 0; t < R; ++t) oe[t] = o[t] + e0;
+  };
+  float* oe[R];
+  for (; e + C * lanes <= dp; e += C * lanes) {
+    at(e, oe);
+    pv_packets<R, C>(p, v + e, ldv, jb, je, oe);
   }
-  if (e + 2 * lanes <= dp) {
-    pv_packets<2>(p, v + e, ldv, jb, je, o + e);
-    e += 2 * lanes;
+  for (; e < dp; e += lanes) {
+    at(e, oe);
+    pv_packets<R, 1>(p, v + e, ldv, jb, je, oe);
   }
-  if (e < dp) pv_packets<1>(p, v + e, ldv, jb, je, o + e);
-  for (e = dp; e < dv; ++e) {
-    float a = o[e];
-    for (index_t j = jb; j < je; ++j) a += p[j] * v[j * ldv + e];
-    o[e] = a;
-  }
+  for (int t = 0; t < R; ++t)
+    for (e = dp; e < dv; ++e) {
+      float a = o[t][e];
+      for (index_t j = jb; j < je; ++j) a += p[t][j] * static_cast<float>(v[j * ldv + e]);
+      o[t][e] = a;
+    }
 }
 
 /// How many key rows of `width` floats make 16 KiB (at least 8): a block of K or V rows that
@@ -148,19 +248,25 @@ inline index_t l1_block_keys(index_t width) {
 }
 
 /// o[t] += sum over keys j < bk not listed in skip[0, nskip) (ascending) of p[t][j] v_j, for
-/// the rows t < m (o[t]: dv floats). Each output element sums its keys in ascending order,
-/// whatever the blocking.
-inline void small_pv(const float* const* p, index_t m, const float* v, index_t ldv, index_t bk,
-                     index_t dv, const index_t* skip, index_t nskip, float* const* o) {
-  // Keys in blocks of at most 16 KiB of V rows, and within a block the rows one after the
-  // other: the block's V rows, read from memory for the first row, are still in L1 for the
-  // next ones (a whole tile's V, 64 KiB at Dv = 128, is not), so a GQA group reads each V
-  // row from beyond L1 once. Each output element still sums its keys in ascending order.
+/// the rows t < m (o[t]: dv floats; v_j stored as T). Each output element sums its keys in
+/// ascending order, whatever the blocking.
+template <class T>
+void small_pv(const float* const* p, index_t m, const T* v, index_t ldv, index_t bk, index_t dv,
+              const index_t* skip, index_t nskip, float* const* o) {
+  // Keys in blocks of at most 16 KiB of fp32 V rows, and within a block the rows 4, 2 or 1
+  // at a time: each V packet is loaded once per block of rows, and the block's V rows, read
+  // from memory for the first packets, are still in L1 for the next ones. Each output
+  // element still sums its keys in ascending order.
   const index_t block = l1_block_keys(dv);
   for (index_t u = 0, jb = 0; u <= nskip; ++u) {
     const index_t je = u < nskip ? skip[u] : bk;
-    for (index_t j = jb; j < je; j += block)
-      for (index_t t = 0; t < m; ++t) pv_row(p[t], v, ldv, j, std::min(je, j + block), dv, o[t]);
+    for (index_t j = jb; j < je; j += block) {
+      const index_t jend = std::min(je, j + block);
+      index_t t = 0;
+      for (; t + 4 <= m; t += 4) pv_rows<4>(p + t, v, ldv, j, jend, dv, o + t);
+      for (; t + 2 <= m; t += 2) pv_rows<2>(p + t, v, ldv, j, jend, dv, o + t);
+      for (; t < m; ++t) pv_rows<1>(p + t, v, ldv, j, jend, dv, o + t);
+    }
     jb = je + 1;
   }
 }
