@@ -244,12 +244,12 @@ TEMPLATE_TEST_CASE("small-row products: a row's results do not depend on the row
       orow.push_back(o_all.data() + t * d);
     }
     cpu::small_scores(qr.data(), m, k.data(), ld, bk, d, sr.data(), none);
-    cpu::small_pv(pr.data(), m, v.data(), ld, bk, d, skip.data(), 2, orow.data());
+    cpu::small_pv(pr.data(), m, v.data(), ld, bk, d, skip.data(), 2, orow.data(), none);
     for (index_t t = 0; t < m; ++t) {
       float* s1 = s_one.data() + t * bk;
       float* o1 = o_one.data() + t * d;
       cpu::small_scores(qr.data() + t, 1, k.data(), ld, bk, d, &s1, none);
-      cpu::small_pv(pr.data() + t, 1, v.data(), ld, bk, d, skip.data(), 2, &o1);
+      cpu::small_pv(pr.data() + t, 1, v.data(), ld, bk, d, skip.data(), 2, &o1, none);
     }
     CHECK(same_bits(s_all, s_one));
     CHECK(same_bits(o_all, o_one));

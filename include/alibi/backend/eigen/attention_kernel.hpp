@@ -439,7 +439,8 @@ struct tile_rows {
 /// One key tile for the heads of a small call, whose rows all go through one pass of the
 /// small-row products (small_rows.hpp): each K and V row of the tile is read once for all
 /// the heads' rows. Each head's scores are row-major in its workspace (ws.s), its output
-/// row-major in ws.o (leading dimension ldo); `prefetch(j)` requests rows of the next tile.
+/// row-major in ws.o (leading dimension ldo); `prefetch(keys, j)` requests the K (keys) or V
+/// row j of the next tile, called while the products read row j of this tile's K or V.
 /// The products read the tile's K and V rows from `k` and `v` (fp32, or half precision
 /// widened in registers); `kv` is read only by the careful path (non-finite V rows).
 template <class T, class Prefetch>
@@ -464,7 +465,8 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
   }
   if (!first) return;
   const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
-  small_scores(in_rows.data(), rows, k.data, k.ld, bk, d, out_rows.data(), prefetch);
+  small_scores(in_rows.data(), rows, k.data, k.ld, bk, d, out_rows.data(),
+               [&](index_t j) { prefetch(true, j); });
 
   in_rows.clear();
   out_rows.clear();
@@ -482,7 +484,7 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
     }
   }
   small_pv(in_rows.data(), rows, v.data, v.ld, bk, dv, first->ws->bad.data(), first->ws->bad_count,
-           out_rows.data());
+           out_rows.data(), [&](index_t j) { prefetch(false, j); });
   for (head_pass& hp : heads) {
     if (!hp.meets || hp.ws->bad_count == 0) continue;
     const float* s = hp.ws->s.data();
@@ -545,9 +547,11 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
     const index_t n_keys = std::min(bk, it0.ue - j0);
     if constexpr (Small) {
       const index_t next_bk = next_j0 < 0 ? 0 : std::min(bk, it0.ue - next_j0);
-      auto prefetch = [&](index_t j) {
-        kv.prefetch(false, b, it0.hk, j0 + j);
-        if (j < next_bk) kv.prefetch(true, b, it0.hk, next_j0 + j);
+      // The next tile's K rows while this tile's K rows go through Q K^T, its V rows while
+      // this tile's go through P V: each stream is requested a tile ahead, at the pace it is
+      // consumed.
+      auto prefetch = [&](bool keys, index_t j) {
+        if (j < next_bk) kv.prefetch(keys, b, it0.hk, next_j0 + j);
       };
       if (!std::is_same<T, float>::value && !careful) {
         // Half-precision K/V: the products widen it in registers as they read it (a

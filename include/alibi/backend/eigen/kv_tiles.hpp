@@ -91,7 +91,13 @@ struct kv_source {
     const tensor_view<const T, 4>& t = keys ? k : v;
     const char* row = reinterpret_cast<const char*>(t.ptr(b, hk, j));
     const auto bytes = static_cast<index_t>(t.extents[3] * sizeof(T));
-    for (index_t c = 0; c < bytes; c += 64) __builtin_prefetch(row + c, 0, 2);
+    for (index_t c = 0; c < bytes; c += 64) {
+      __builtin_prefetch(row + c, 0, 2);  // into L2 (prefetcht1 on x86)
+      // GCC deletes a loop whose body is only prefetches (to it they have no effect, so the
+      // loop is dead code: no request was ever issued before this statement was added); an
+      // empty volatile asm statement counts as one, and keeps every line's request.
+      asm volatile("");
+    }
   }
 
   /// |k_j|^2 of key j of (b, hk), accumulated in float as for fp32 storage.

@@ -249,10 +249,11 @@ inline index_t l1_block_keys(index_t width) {
 
 /// o[t] += sum over keys j < bk not listed in skip[0, nskip) (ascending) of p[t][j] v_j, for
 /// the rows t < m (o[t]: dv floats; v_j stored as T). Each output element sums its keys in
-/// ascending order, whatever the blocking.
-template <class T>
+/// ascending order, whatever the blocking. prefetch(j) is called once per key j that takes
+/// part, a block of keys ahead of their products.
+template <class T, class Prefetch>
 void small_pv(const float* const* p, index_t m, const T* v, index_t ldv, index_t bk, index_t dv,
-              const index_t* skip, index_t nskip, float* const* o) {
+              const index_t* skip, index_t nskip, float* const* o, Prefetch&& prefetch) {
   // Keys in blocks of at most 16 KiB of fp32 V rows, and within a block the rows 4, 2 or 1
   // at a time: each V packet is loaded once per block of rows, and the block's V rows, read
   // from memory for the first packets, are still in L1 for the next ones. Each output
@@ -262,6 +263,7 @@ void small_pv(const float* const* p, index_t m, const T* v, index_t ldv, index_t
     const index_t je = u < nskip ? skip[u] : bk;
     for (index_t j = jb; j < je; j += block) {
       const index_t jend = std::min(je, j + block);
+      for (index_t x = j; x < jend; ++x) prefetch(x);
       index_t t = 0;
       for (; t + 4 <= m; t += 4) pv_rows<4>(p + t, v, ldv, j, jend, dv, o + t);
       for (; t + 2 <= m; t += 2) pv_rows<2>(p + t, v, ldv, j, jend, dv, o + t);
