@@ -163,13 +163,14 @@ inline namespace ALIBI_CPU_ISA {
 /// Little-endian stored values (Eigen::half, Eigen::bfloat16, double) to float, `count` of
 /// them. The bytes are copied in L1-sized chunks into a buffer of `Stored` first: the file
 /// gives no alignment guarantee (a tensor may start at any byte), the copy is where a
-/// big-endian host swaps bytes, and Eigen's cast then converts whole packets (F16C's
-/// vcvtph2ps on x86, a 16-bit shift for bfloat16).
+/// big-endian host swaps bytes, and Eigen's cast then converts them (bfloat16 whole packets
+/// by a 16-bit shift; half element by element under GCC, where Eigen 3.4 leaves its F16C
+/// path off, and by F16C's vcvtph2ps under clang).
 ///
 /// NaNs: both 16-bit widenings are exact bit maps (a half's 10 mantissa bits become the top
 /// of the float's 23, a bfloat16 is a float's top half), so a NaN keeps its sign, its payload
-/// and its quiet/signalling bit; F64 NaNs go through the C++ conversion (quieted, payload
-/// truncated, as the hardware does).
+/// and its quiet/signalling bit (except through vcvtph2ps, which quiets a signalling half NaN);
+/// F64 NaNs go through the C++ conversion (quieted, payload truncated, as the hardware does).
 template <class Stored>
 void stored_to_float(const unsigned char* src, float* dst, std::size_t count) {
   constexpr std::size_t chunk = 2048;

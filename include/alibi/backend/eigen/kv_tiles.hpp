@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // K and V as the fused CPU kernel reads them: fp32 in place, fp16 / bf16 converted tile by
-// tile into per-thread fp32 buffers. Scores, softmax and accumulation stay fp32 whatever the
-// storage; half-precision storage halves the bytes a memory-bound decode step streams.
+// tile into per-thread fp32 buffers for the GEMMs (the small-row products of decoding widen
+// them in registers instead, small_rows.hpp). Scores, softmax and accumulation stay fp32
+// whatever the storage; half-precision storage halves the bytes a memory-bound decode step
+// streams.
 #pragma once
 
 #include <cstring>

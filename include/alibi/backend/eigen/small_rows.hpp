@@ -210,29 +210,32 @@ ALIBI_FORCEINLINE void pv_packets(const float* const* p, const T* v, index_t ldv
     for (int c = 0; c < C; ++c) ei::pstoreu(o[t] + c * lanes, acc[t][c]);
 }
 
+/// The packets [e, dp) of R output rows (e advanced past them): blocks of C packets while
+/// they fit, then of C / 2, ..., 1, so that every block keeps several independent chains.
+template <int R, int C, class T>
+ALIBI_FORCEINLINE void pv_blocks(const float* const* p, const T* v, index_t ldv, index_t jb,
+                                 index_t je, index_t dp, float* const* o, index_t& e) {
+  float* oe[R];
+  for (; e + C * lanes <= dp; e += C * lanes) {
+    for (int t = 0; t < R; ++t) oe[t] = o[t] + e;
+    pv_packets<R, C>(p, v + e, ldv, jb, je, oe);
+  }
+  if constexpr (C > 1) pv_blocks<R, C / 2>(p, v, ldv, jb, je, dp, o, e);
+}
+
 /// o[t][e] += sum over keys j in [jb, je) of p[t][j] v_j[e] for R rows, keys in ascending
 /// order (v_j at v + j * ldv, dv elements): as many packets of the rows at a time as half
 /// the vector registers hold (at most 8 per row: a whole row for head dims up to 128 with
-/// AVX-512 and one row), then the scalar tail. A V row is read front to back for each group
-/// of packets, in ascending keys: one contiguous run the hardware prefetcher follows.
+/// AVX-512 and one row), fewer for what is left, then the scalar tail. A V row is read front
+/// to back for each group of packets, in ascending keys: one contiguous run the hardware
+/// prefetcher follows.
 template <int R, class T>
 void pv_rows(const float* const* p, const T* v, index_t ldv, index_t jb, index_t je, index_t dv,
              float* const* o) {
-  constexpr int C = std::max(1, std::min(8, vector_registers / 2 / R));
+  constexpr int C = vector_registers / 2 / R >= 8 ? 8 : vector_registers / 2 / R >= 4 ? 4 : 2;
   const index_t dp = dv / lanes * lanes;
   index_t e = 0;
-  auto at = [&](index_t e0, float** oe) {
-    for (int t = 0; t < R; ++t) oe[t] = o[t] + e0;
-  };
-  float* oe[R];
-  for (; e + C * lanes <= dp; e += C * lanes) {
-    at(e, oe);
-    pv_packets<R, C>(p, v + e, ldv, jb, je, oe);
-  }
-  for (; e < dp; e += lanes) {
-    at(e, oe);
-    pv_packets<R, 1>(p, v + e, ldv, jb, je, oe);
-  }
+  pv_blocks<R, C>(p, v, ldv, jb, je, dp, o, e);
   for (int t = 0; t < R; ++t)
     for (e = dp; e < dv; ++e) {
       float a = o[t][e];
