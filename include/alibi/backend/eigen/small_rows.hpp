@@ -30,6 +30,12 @@ inline constexpr int vector_registers = 32;
 inline constexpr int vector_registers = 16;
 #endif
 
+/// How many key rows of `width` floats make 16 KiB (at least 8): a block of K or V rows that
+/// stays in L1 while every row of a small call goes over it.
+inline index_t l1_block_keys(index_t width) {
+  return std::max<index_t>(8, index_t(4096) / std::max<index_t>(width, 1));
+}
+
 #if defined(EIGEN_VECTORIZE_AVX512)
 /// The sums of the lanes of eight packets, in one reduction tree: sum i in lane i. Each
 /// sum folds its packet in halves (lane l with lane l + 8, then l + 4, l + 2, l + 1), the
@@ -142,6 +148,80 @@ ALIBI_FORCEINLINE void dot_block(const float* const* q, const T* const* k, index
     }
 }
 
+#if defined(EIGEN_VECTORIZE_AVX512)
+/// dot_block for two rows whose NP packets (the head dimension without its tail) are held in
+/// registers for the whole key tile, four keys at a time: only the K rows are loaded in the
+/// loop. The same arithmetic in the same order as dot_block (packets in ascending order into
+/// one accumulator per pair, eight_sums, then the scalar tail), so the results are bitwise
+/// those of the other row blockings.
+template <int NP, class T>
+ALIBI_FORCEINLINE void dot_pair4(const packet (&qv)[2][NP], const float* const* q, const T* k,
+                                 index_t ldk, index_t d, float* const* s, index_t j) {
+  namespace ei = Eigen::internal;
+  constexpr index_t dp = NP * lanes;
+  packet acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = ei::pset1<packet>(0.0f);
+  for (int c = 0; c < NP; ++c) {
+    packet kp[4];
+    for (int u = 0; u < 4; ++u) kp[u] = load_floats(k + u * ldk + c * lanes);
+    for (int t = 0; t < 2; ++t)
+      for (int u = 0; u < 4; ++u) acc[t * 4 + u] = ei::pmadd(qv[t][c], kp[u], acc[t * 4 + u]);
+  }
+  if (dp == d) {
+    store_sums<2, 4>(eight_sums(acc), s, j);
+    return;
+  }
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, eight_sums(acc));
+  for (int t = 0; t < 2; ++t)
+    for (int u = 0; u < 4; ++u) {
+      float tail = 0.0f;
+      for (index_t e = dp; e < d; ++e) tail += q[t][e] * static_cast<float>(k[u * ldk + e]);
+      s[t][j + u] = sums[t * 4 + u] + tail;
+    }
+}
+
+/// s[t][j] = q[t] . k_j for two rows and the keys j in [jb, je) (a multiple of 4 of them),
+/// the rows' NP packets in registers.
+template <int NP, class T, class Prefetch>
+void scores_pair(const float* const* q, const T* k, index_t ldk, index_t jb, index_t je, index_t d,
+                 float* const* s, Prefetch&& prefetch) {
+  namespace ei = Eigen::internal;
+  packet qv[2][NP];
+  for (int t = 0; t < 2; ++t)
+    for (int c = 0; c < NP; ++c) qv[t][c] = ei::ploadu<packet>(q[t] + c * lanes);
+  for (index_t j = jb; j < je; j += 4) {
+    for (int u = 0; u < 4; ++u) prefetch(j + u);
+    dot_pair4<NP>(qv, q, k + j * ldk, ldk, d, s, j);
+  }
+}
+
+/// Rows two at a time with their packets in registers, over
+/// blocks of 16 KiB of K rows so that every pair after the first reads them from L1; the
+/// prefetch runs with the first pair. Returns the rows done.
+template <int NP, class T, class Prefetch>
+index_t scores_pairs(const float* const* q, index_t m, const T* k, index_t ldk, index_t bk,
+                     index_t d, float* const* s, Prefetch&& prefetch) {
+  auto none = [](index_t) {};
+  const index_t pairs = m / 2, whole = bk / 4 * 4;
+  const index_t block =
+      std::max<index_t>(4, l1_block_keys(d * static_cast<index_t>(sizeof(T)) / 4) / 4 * 4);
+  for (index_t jb = 0; jb < whole; jb += block) {
+    const index_t je = std::min(whole, jb + block);
+    for (index_t p = 0; p < pairs; ++p)
+      p == 0 ? scores_pair<NP>(q + 2 * p, k, ldk, jb, je, d, s + 2 * p, prefetch)
+             : scores_pair<NP>(q + 2 * p, k, ldk, jb, je, d, s + 2 * p, none);
+  }
+  // The last keys (fewer than 4) through the general blocks, one row at a time.
+  for (index_t j = whole; j < bk; ++j) {
+    prefetch(j);
+    const T* kr[1] = {k + j * ldk};
+    for (index_t t = 0; t < 2 * pairs; ++t) dot_block<1, 1>(q + t, kr, d, s + t, j);
+  }
+  return 2 * pairs;
+}
+#endif
+
 /// s[t][j] = q[t] . k_j for R rows and the keys j < bk (row j at k + j * ldk), J keys at a
 /// time.
 template <int R, int J, class T, class Prefetch>
@@ -174,6 +254,15 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
   // block only.
   auto none = [](index_t) {};
   index_t t = 0;
+#if defined(EIGEN_VECTORIZE_AVX512)
+  // Two rows or more (a GQA group, several query tokens) with a head dimension of 4 or 8
+  // whole packets (and any tail): pairs of rows with their packets in registers instead. The
+  // loop then loads only K; the 4-row blocks load a row's packet for every two keys. Measured
+  // on 4 rows of a 128-key tile in L1 with D 128: 1.7x faster with fp16/bf16 K, 1.4x with
+  // fp32 (0.8 -> 1.4 FMAs per cycle with fp16).
+  if (m >= 2 && d / lanes == 8) t = scores_pairs<8>(q, m, k, ldk, bk, d, s, prefetch);
+  if (m >= 2 && d / lanes == 4) t = scores_pairs<4>(q, m, k, ldk, bk, d, s, prefetch);
+#endif
   for (; t + 4 <= m; t += 4)
     t == 0 ? scores_rows<4, 2>(q + t, k, ldk, bk, d, s + t, prefetch)
            : scores_rows<4, 2>(q + t, k, ldk, bk, d, s + t, none);
@@ -242,12 +331,6 @@ void pv_rows(const float* const* p, const T* v, index_t ldv, index_t jb, index_t
       for (index_t j = jb; j < je; ++j) a += p[t][j] * static_cast<float>(v[j * ldv + e]);
       o[t][e] = a;
     }
-}
-
-/// How many key rows of `width` floats make 16 KiB (at least 8): a block of K or V rows that
-/// stays in L1 while every row of a small call goes over it.
-inline index_t l1_block_keys(index_t width) {
-  return std::max<index_t>(8, index_t(4096) / std::max<index_t>(width, 1));
 }
 
 /// o[t] += sum over keys j < bk not listed in skip[0, nskip) (ascending) of p[t][j] v_j, for
