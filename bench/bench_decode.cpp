@@ -9,6 +9,7 @@
 // KV_GB/s (the K/V bytes of the call over its time) and of_ceiling (that over the ceiling
 // with the same thread count, medians of 5 sums measured in this process).
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
+// BM_small_products: the decode products alone on one cache-resident tile, GFLOP/s.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
+
+#include <alibi/backend/eigen/small_rows.hpp>
 
 #include "common.hpp"
 
@@ -168,7 +171,60 @@ void BM_prefill_kv(benchmark::State& state) {
   }
 }
 
+/// The decode products alone (backend/eigen/small_rows.hpp) on one 128-key tile with D 128,
+/// small enough to stay in L1/L2: the arithmetic a decode step does per tile, without memory.
+template <class T>
+void small_products(benchmark::State& state, index_t m, bool scores) {
+  namespace cpu = alibi::detail::cpu;
+  index_t d = 128, bk = 128;
+  // Not constants to the compiler: with a constant key count GCC warns about the products'
+  // key-tail loop as if it could run past its bound.
+  benchmark::DoNotOptimize(d);
+  benchmark::DoNotOptimize(bk);
+  const std::vector<float> k32 = filled(static_cast<std::size_t>(bk * d), 1),
+                           v32 = filled(static_cast<std::size_t>(bk * d), 2);
+  const std::vector<T> k(k32.begin(), k32.end()), v(v32.begin(), v32.end());
+  const std::vector<float> q = filled(static_cast<std::size_t>(m * d), 3);
+  std::vector<float> s(static_cast<std::size_t>(m * bk), 1.0f / bk),
+      o(static_cast<std::size_t>(m * d));
+  std::vector<const float*> in(static_cast<std::size_t>(m));
+  std::vector<float*> out(static_cast<std::size_t>(m));
+  auto none = [](index_t) {};
+  for (index_t t = 0; t < m; ++t) {
+    in[static_cast<std::size_t>(t)] = scores ? q.data() + t * d : s.data() + t * bk;
+    out[static_cast<std::size_t>(t)] = scores ? s.data() + t * bk : o.data() + t * d;
+  }
+  for (auto _ : state) {
+    if (scores)
+      cpu::small_scores(in.data(), m, k.data(), d, bk, d, out.data(), none);
+    else
+      cpu::small_pv(in.data(), m, v.data(), d, bk, d, static_cast<const index_t*>(nullptr), 0,
+                    out.data(), none);
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * bk * d) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: rows, K/V type (0 fp32, 1 fp16, 2 bf16), product (0 Q K^T, 1 P V).
+void BM_small_products(benchmark::State& state) {
+  const index_t m = state.range(0);
+  const bool scores = state.range(2) == 0;
+  switch (state.range(1)) {
+    case 0:
+      small_products<float>(state, m, scores);
+      break;
+    case 1:
+      small_products<Eigen::half>(state, m, scores);
+      break;
+    default:
+      small_products<Eigen::bfloat16>(state, m, scores);
+      break;
+  }
+}
+
 BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
+BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1}});
 BENCHMARK(BM_decode_kv)
     ->ArgsProduct({{4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1}, {1, 2}})
     ->UseRealTime()
