@@ -561,8 +561,9 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
       // of 4, several query tokens), and from one row in half precision, whose rows are also
       // widened as they are read. With fp32 and fewer rows the hardware prefetcher keeps up
       // alone, and the requests only take fill buffers from the demand loads. Measured on
-      // decode steps (bench_decode): fp32 MHA 10-20% slower with them, fp16/bf16 MHA about
-      // 15% faster, GQA-4 fp16 1.5x faster.
+      // decode steps of bench_decode's shapes with the threshold switched by a temporary
+      // build (not a benchmark that stays): fp32 MHA 10-20% slower with them, fp16/bf16 MHA
+      // about 15% faster, GQA-4 fp16 1.5x faster.
       const index_t prefetch_rows = std::is_same<T, float>::value ? 4 : 1;
       auto prefetch = [&](bool keys, index_t j) {
         if (j < next_bk) kv.prefetch(keys, b, it0.hk, next_j0 + j);

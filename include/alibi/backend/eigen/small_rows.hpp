@@ -109,6 +109,20 @@ ALIBI_FORCEINLINE void sum_lanes(const packet* acc, float* out) {
 #endif
 }
 
+/// s[t][j + u] = sums[t * J + u] + the scalar tail [dp, d) of q[t] . k[u], for R rows and
+/// J key rows: the last step of every blocking of the dot products, so each of them ends a
+/// result with the same operations.
+template <int R, int J, class T>
+ALIBI_FORCEINLINE void store_with_tails(const float* sums, const float* const* q, const T* const* k,
+                                        index_t dp, index_t d, float* const* s, index_t j) {
+  for (int t = 0; t < R; ++t)
+    for (int u = 0; u < J; ++u) {
+      float tail = 0.0f;
+      for (index_t e = dp; e < d; ++e) tail += q[t][e] * static_cast<float>(k[u][e]);
+      s[t][j + u] = sums[t * J + u] + tail;
+    }
+}
+
 /// s[t][j + u] = q[t] . k[u] for R rows q[t] and J key rows k[u] (d elements each, stored as
 /// T), each pair with one accumulator: packets along d, summed (sum_lanes), then the scalar
 /// tail. R x J independent chains keep the FMA units busy whatever the number of rows;
@@ -140,12 +154,7 @@ ALIBI_FORCEINLINE void dot_block(const float* const* q, const T* const* k, index
 #endif
   float sums[R * J];
   sum_lanes<R * J>(acc, sums);
-  for (int t = 0; t < R; ++t)
-    for (int u = 0; u < J; ++u) {
-      float tail = 0.0f;
-      for (index_t e = dp; e < d; ++e) tail += q[t][e] * static_cast<float>(k[u][e]);
-      s[t][j + u] = sums[t * J + u] + tail;
-    }
+  store_with_tails<R, J>(sums, q, k, dp, d, s, j);
 }
 
 #if defined(EIGEN_VECTORIZE_AVX512)
@@ -173,12 +182,8 @@ ALIBI_FORCEINLINE void dot_pair4(const packet (&qv)[2][NP], const float* const* 
   }
   alignas(32) float sums[8];
   _mm256_store_ps(sums, eight_sums(acc));
-  for (int t = 0; t < 2; ++t)
-    for (int u = 0; u < 4; ++u) {
-      float tail = 0.0f;
-      for (index_t e = dp; e < d; ++e) tail += q[t][e] * static_cast<float>(k[u * ldk + e]);
-      s[t][j + u] = sums[t * 4 + u] + tail;
-    }
+  const T* kr[4] = {k, k + ldk, k + 2 * ldk, k + 3 * ldk};
+  store_with_tails<2, 4>(sums, q, kr, dp, d, s, j);
 }
 
 /// s[t][j] = q[t] . k_j for two rows and the keys j in [jb, je) (a multiple of 4 of them),
