@@ -8,21 +8,25 @@
 #   3. builds the API reference (alibi_docs, Doxygen; any warning fails it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's header and the end print the seconds since the start, to see where CI spends
+# its time.
+stage() { echo "== [${SECONDS} s] $*"; }
 scripts/install-deps.sh
 jobs=$(nproc)
 build=${ALIBI_BUILD_DIR:-build}
 
 if [ "${ALIBI_SANITIZE_TESTS:-1}" != 0 ]; then
   asan=${build}-asan
+  stage "sanitizers: configure and build the unit tests and the fuzzer"
   cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DALIBI_SANITIZE=ON \
     -DALIBI_BUILD_BENCHMARKS=OFF -DALIBI_BUILD_EXAMPLES=OFF -DALIBI_CUDA=OFF
   cmake --build "$asan" --parallel "$jobs" --target alibi_tests alibi_fuzz
-  echo "== sanitizers: unit tests (all but the [heavy] grids, which the Release run covers)"
+  stage "sanitizers: unit tests (all but the [heavy] grids, which the Release run covers)"
   "$asan/tests/alibi_tests" "~[heavy]"
-  echo "== sanitizers: fuzz seeds 0-39"
+  stage "sanitizers: fuzz seeds 0-39"
   "$asan/tests/alibi_fuzz" 0 40
   if command -v mpirun > /dev/null; then
-    echo "== sanitizers: the MPI tests on 3 ranks (leak checks off: Open MPI keeps its own)"
+    stage "sanitizers: the MPI tests on 3 ranks (leak checks off: Open MPI keeps its own)"
     cmake --build "$asan" --parallel "$jobs" --target alibi_mpi_ring alibi_mpi_tensor_parallel
     for t in alibi_mpi_ring alibi_mpi_tensor_parallel; do
       OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
@@ -31,8 +35,11 @@ if [ "${ALIBI_SANITIZE_TESTS:-1}" != 0 ]; then
   fi
 fi
 
+stage "Release: configure and build every target"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" --parallel "$jobs"
+stage "Release: every ctest test"
 ctest --test-dir "$build" --output-on-failure --parallel "$jobs"
-echo "== API reference (Doxygen, warnings are errors): $build/docs/html/index.html"
+stage "API reference (Doxygen, warnings are errors): $build/docs/html/index.html"
 cmake --build "$build" --target alibi_docs
+stage "done"
