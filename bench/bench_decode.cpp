@@ -42,6 +42,29 @@ std::vector<float> filled(std::size_t n, std::uint64_t seed) {
   return x;
 }
 
+/// filled(n, seed) rounded to the K/V storage type T.
+template <class T>
+std::vector<T> filled_as(std::size_t n, std::uint64_t seed) {
+  const std::vector<float> x = filled(n, seed);
+  return std::vector<T>(x.begin(), x.end());
+}
+
+/// Calls f(T{}) for the K/V storage type of a benchmark argument: 0 fp32, 1 fp16, 2 bf16.
+template <class F>
+void with_kv_type(std::int64_t code, F&& f) {
+  switch (code) {
+    case 0:
+      f(float{});
+      break;
+    case 1:
+      f(Eigen::half{});
+      break;
+    default:
+      f(Eigen::bfloat16{});
+      break;
+  }
+}
+
 /// Sum of n floats with Eigen's packets (several independent accumulators).
 float stream_sum(const float* p, index_t n) { return Eigen::Map<const Eigen::ArrayXf>(p, n).sum(); }
 
@@ -84,9 +107,8 @@ struct kv_store {
     if (!s) {
       s = std::make_unique<kv_store>();
       const auto n = static_cast<std::size_t>(hkv * lk * 128);
-      const std::vector<float> k32 = filled(n, 1), v32 = filled(n, 2);
-      s->k = std::vector<T>(k32.begin(), k32.end());
-      s->v = std::vector<T>(v32.begin(), v32.end());
+      s->k = filled_as<T>(n, 1);
+      s->v = filled_as<T>(n, 2);
     }
     return *s;
   }
@@ -121,25 +143,16 @@ void BM_decode_kv(benchmark::State& state) {
   const index_t lk = state.range(0), hkv = state.range(1);
   const bool skip = state.range(3) != 0;
   const int threads = static_cast<int>(state.range(4));
-  switch (state.range(2)) {
-    case 0:
-      decode<float>(state, lk, hkv, skip, threads);
-      break;
-    case 1:
-      decode<Eigen::half>(state, lk, hkv, skip, threads);
-      break;
-    default:
-      decode<Eigen::bfloat16>(state, lk, hkv, skip, threads);
-      break;
-  }
+  with_kv_type(state.range(2),
+               [&](auto type) { decode<decltype(type)>(state, lk, hkv, skip, threads); });
 }
 
 template <class T>
 void prefill(benchmark::State& state, index_t len, index_t d, int threads) {
   const index_t h = 16;
   const auto n = static_cast<std::size_t>(h * len * d);
-  const std::vector<float> q = filled(n, 4), k32 = filled(n, 5), v32 = filled(n, 6);
-  const std::vector<T> k(k32.begin(), k32.end()), v(v32.begin(), v32.end());
+  const std::vector<float> q = filled(n, 4);
+  const std::vector<T> k = filled_as<T>(n, 5), v = filled_as<T>(n, 6);
   std::vector<float> out(n);
   alibi::attention_params p;
   p.mask.causal = true;
@@ -161,17 +174,7 @@ void prefill(benchmark::State& state, index_t len, index_t d, int threads) {
 void BM_prefill_kv(benchmark::State& state) {
   const index_t len = state.range(0), d = state.range(1);
   const int threads = static_cast<int>(state.range(3));
-  switch (state.range(2)) {
-    case 0:
-      prefill<float>(state, len, d, threads);
-      break;
-    case 1:
-      prefill<Eigen::half>(state, len, d, threads);
-      break;
-    default:
-      prefill<Eigen::bfloat16>(state, len, d, threads);
-      break;
-  }
+  with_kv_type(state.range(2), [&](auto type) { prefill<decltype(type)>(state, len, d, threads); });
 }
 
 /// The decode products alone (backend/eigen/small_rows.hpp) on one 128-key tile with D 128,
@@ -184,9 +187,8 @@ void small_products(benchmark::State& state, index_t m, bool scores) {
   // key-tail loop as if it could run past its bound.
   benchmark::DoNotOptimize(d);
   benchmark::DoNotOptimize(bk);
-  const std::vector<float> k32 = filled(static_cast<std::size_t>(bk * d), 1),
-                           v32 = filled(static_cast<std::size_t>(bk * d), 2);
-  const std::vector<T> k(k32.begin(), k32.end()), v(v32.begin(), v32.end());
+  const std::vector<T> k = filled_as<T>(static_cast<std::size_t>(bk * d), 1),
+                       v = filled_as<T>(static_cast<std::size_t>(bk * d), 2);
   const std::vector<float> q = filled(static_cast<std::size_t>(m * d), 3);
   std::vector<float> s(static_cast<std::size_t>(m * bk), 1.0f / bk),
       o(static_cast<std::size_t>(m * d));
@@ -213,17 +215,8 @@ void small_products(benchmark::State& state, index_t m, bool scores) {
 void BM_small_products(benchmark::State& state) {
   const index_t m = state.range(0);
   const bool scores = state.range(2) == 0;
-  switch (state.range(1)) {
-    case 0:
-      small_products<float>(state, m, scores);
-      break;
-    case 1:
-      small_products<Eigen::half>(state, m, scores);
-      break;
-    default:
-      small_products<Eigen::bfloat16>(state, m, scores);
-      break;
-  }
+  with_kv_type(state.range(1),
+               [&](auto type) { small_products<decltype(type)>(state, m, scores); });
 }
 
 BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
