@@ -226,6 +226,30 @@ void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<c
   launch_instance<kernel_traits<T, D, false, Tuning>>(p, q, k, v, out, stream);
 }
 
+/// The library's kernel instances, launch<T, D> with the default tuning for every element type
+/// and head dim of kernel_head_dims: one list for their explicit instantiation
+/// (src/cuda_kernels.cu) and its declaration below.
+// clang-format off
+#define ALIBI_CUDA_KERNEL_INSTANCES(X)                                                         \
+  X(float, 32)          X(float, 64)          X(float, 96)          X(float, 128)          \
+  X(__half, 32)         X(__half, 64)         X(__half, 96)         X(__half, 128)         \
+  X(__nv_bfloat16, 32)  X(__nv_bfloat16, 64)  X(__nv_bfloat16, 96)  X(__nv_bfloat16, 128)
+// clang-format on
+#define ALIBI_CUDA_LAUNCH_SIGNATURE(T, D)                                               \
+  void launch<T, D, kernel_tuning<>>(const attention_problem&, tensor_view<const T, 4>, \
+                                     tensor_view<const T, 4>, tensor_view<const T, 4>,  \
+                                     tensor_view<T, 4>, cudaStream_t)
+
+// With ALIBI_CUDA_PRECOMPILED_KERNELS (alibi's own CUDA tests and benchmarks, linked with
+// src/cuda_kernels.cu) the kernels are declared, not instantiated: nvcc compiles each
+// instance's device code once for the whole build instead of once per file, for every
+// architecture.
+#if defined(ALIBI_CUDA_PRECOMPILED_KERNELS)
+#define ALIBI_CUDA_DECLARE_LAUNCH(T, D) extern template ALIBI_CUDA_LAUNCH_SIGNATURE(T, D);
+ALIBI_CUDA_KERNEL_INSTANCES(ALIBI_CUDA_DECLARE_LAUNCH)
+#undef ALIBI_CUDA_DECLARE_LAUNCH
+#endif
+
 }  // namespace cuda_detail
 
 namespace detail {
