@@ -439,16 +439,14 @@ struct tile_rows {
 /// One key tile for the heads of a small call, whose rows all go through one pass of the
 /// small-row products (small_rows.hpp): each K and V row of the tile is read once for all
 /// the heads' rows. Each head's scores are row-major in its workspace (ws.s), its output
-/// row-major in ws.o (leading dimension ldo); `prefetch(keys, j)` requests the K (keys) or V
-/// row j of the next tile, called (when the call has `prefetch_rows` rows or more) while the
-/// products read row j of this tile's K or V.
+/// row-major in ws.o (leading dimension ldo); `ahead` requests the next tile's K and V rows
+/// as the products go (its plan is the caller's).
 /// The products read the tile's K and V rows from `k` and `v` (fp32, or half precision
 /// widened in registers); `kv` is read only by the careful path (non-finite V rows).
-template <class T, class Prefetch>
+template <class T>
 void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
                 const tensor_view<const float, 4>& q, const kv_tile& kv, index_t j0, bool careful,
-                index_t ldo, Prefetch&& prefetch, index_t prefetch_rows, tile_rows<T> k,
-                tile_rows<T> v) {
+                index_t ldo, paced_prefetch& ahead, tile_rows<T> k, tile_rows<T> v) {
   const attention_problem& p = *heads.front().it.p;
   const index_t d = p.head_dim, dv = p.v_head_dim;
   thread_local std::vector<const float*> in_rows;
@@ -467,10 +465,8 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
   }
   if (!first) return;
   const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
-  const bool ahead = rows >= prefetch_rows;
-  small_scores(in_rows.data(), rows, k.data, k.ld, bk, d, out_rows.data(), [&](index_t j) {
-    if (ahead) prefetch(true, j);
-  });
+  small_scores(in_rows.data(), rows, k.data, k.ld, bk, d, out_rows.data(),
+               [&](index_t keys) { ahead.tick(keys); });
 
   in_rows.clear();
   out_rows.clear();
@@ -488,9 +484,7 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
     }
   }
   small_pv(in_rows.data(), rows, v.data, v.ld, bk, dv, first->ws->bad.data(), first->ws->bad_count,
-           out_rows.data(), [&](index_t j) {
-             if (ahead) prefetch(false, j);
-           });
+           out_rows.data(), [&](index_t keys) { ahead.tick(keys); });
   for (head_pass& hp : heads) {
     if (!hp.meets || hp.ws->bad_count == 0) continue;
     const float* s = hp.ws->s.data();
@@ -548,42 +542,49 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
   }
   // The key ranges, hence ub, ue and the visiting order, do not depend on the head.
   const item_rows& it0 = heads.front().it;
+  paced_prefetch ahead;
   // One tile; next_j0: the tile visited after it (-1: none).
   auto process = [&](index_t j0, index_t next_j0, bool head_pass::*done) {
     const index_t n_keys = std::min(bk, it0.ue - j0);
     if constexpr (Small) {
-      const index_t next_bk = next_j0 < 0 ? 0 : std::min(bk, it0.ue - next_j0);
-      // The next tile's K rows while this tile's K rows go through Q K^T, its V rows while
-      // this tile's go through P V: each stream is requested a tile ahead, at the pace it is
-      // consumed.
-      // Software prefetching pays when the products spend long enough on each K/V byte that
-      // the hardware prefetcher falls behind: from four rows per K/V row in fp32 (a GQA group
-      // of 4, several query tokens), and from one row in half precision, whose rows are also
-      // widened as they are read. With fp32 and fewer rows the hardware prefetcher keeps up
-      // alone, and the requests only take fill buffers from the demand loads. Measured on
-      // decode steps of bench_decode's shapes with the threshold switched by a temporary
-      // build (not a benchmark that stays): fp32 MHA 10-20% slower with them, fp16/bf16 MHA
-      // about 15% faster, GQA-4 fp16 1.5x faster.
+      // The next tile's K and V rows are requested while this tile goes through the products,
+      // spread over all of them (paced_prefetch). Software prefetching pays when the products
+      // spend long enough on each K/V byte that the hardware prefetcher falls behind: from
+      // four rows per K/V row in fp32 (a GQA group of 4, several query tokens), and from one
+      // row in half precision, whose rows are also widened as they are read. With fp32 and
+      // fewer rows a step is memory-bound (16 FMAs per KiB with one row) and the hardware
+      // prefetcher keeps up alone. Measured on bench_decode's steps (k_len 32768, one thread,
+      // seven runs of each build interleaved, medians) against the requests in bursts that
+      // this replaces (each next K row during the first rows' Q K^T, each block of V rows
+      // before its P V): fp16 MHA 29.4 -> 25.6 ms, fp16 GQA-8 9.8 -> 7.3, fp32 GQA-8 19.8 ->
+      // 14.4 (fp32 MHA, the same code in both, 61.6 and 51.6: this machine's noise).
       const index_t prefetch_rows = std::is_same<T, float>::value ? 4 : 1;
-      auto prefetch = [&](bool keys, index_t j) {
-        if (j < next_bk) kv.prefetch(keys, b, it0.hk, next_j0 + j);
-      };
+      if (next_j0 >= 0 && n * nh >= prefetch_rows) {
+        const index_t next_bk = std::min(bk, it0.ue - next_j0);
+        ahead.plan(reinterpret_cast<const char*>(kv.k.ptr(b, it0.hk, next_j0)),
+                   kv.k.strides[2] * index_t(sizeof(T)), d * index_t(sizeof(T)),
+                   reinterpret_cast<const char*>(kv.v.ptr(b, it0.hk, next_j0)),
+                   kv.v.strides[2] * index_t(sizeof(T)), dv * index_t(sizeof(T)), next_bk);
+      } else {
+        ahead.plan(nullptr, 0, 0, nullptr, 0, 0, 0);
+      }
       if (!std::is_same<T, float>::value && !careful) {
         // Half-precision K/V: the products widen it in registers as they read it (a
         // converted copy would be written and read back, and the conversion loop would wait
         // for memory with no arithmetic beside it).
         const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(d)),
                              kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(dv))};
-        small_tile(heads, done, q, unread, j0, careful, ldo, prefetch, prefetch_rows,
+        small_tile(heads, done, q, unread, j0, careful, ldo, ahead,
                    tile_rows<T>{kv.k.ptr(b, it0.hk, j0), kv.k.strides[2]},
                    tile_rows<T>{kv.v.ptr(b, it0.hk, j0), kv.v.strides[2]});
       } else {
         // fp32 in place, or (careful path) half precision converted into fp32 tiles.
         const kv_tile tile_kv = kv.tile(b, it0.hk, j0, n_keys);
-        small_tile(heads, done, q, tile_kv, j0, careful, ldo, prefetch, prefetch_rows,
+        small_tile(heads, done, q, tile_kv, j0, careful, ldo, ahead,
                    tile_rows<float>{tile_kv.k.data(), tile_kv.k.outerStride()},
                    tile_rows<float>{tile_kv.v.data(), tile_kv.v.outerStride()});
       }
+      ahead.finish();
     } else {
       const kv_tile tile_kv = kv.tile(b, it0.hk, j0, n_keys);
       for (head_pass& hp : heads) {

@@ -193,39 +193,37 @@ ALIBI_FORCEINLINE void dot_pair4(const packet (&qv)[2][NP], const float* const* 
 }
 
 /// s[t][j] = q[t] . k_j for two rows and the keys j in [jb, je) (a multiple of 4 of them),
-/// the rows' NP packets in registers.
-template <int NP, class T, class Prefetch>
+/// the rows' NP packets in registers; pace(4) before every four keys.
+template <int NP, class T, class Pace>
 void scores_pair(const float* const* q, const T* k, index_t ldk, index_t jb, index_t je, index_t d,
-                 float* const* s, Prefetch&& prefetch) {
+                 float* const* s, Pace&& pace) {
   namespace ei = Eigen::internal;
   packet qv[2][NP];
   for (int t = 0; t < 2; ++t)
     for (int c = 0; c < NP; ++c) qv[t][c] = ei::ploadu<packet>(q[t] + c * lanes);
   for (index_t j = jb; j < je; j += 4) {
-    for (int u = 0; u < 4; ++u) prefetch(j + u);
+    pace(4);
     dot_pair4<NP>(qv, q, k + j * ldk, ldk, d, s, j);
   }
 }
 
 /// Rows two at a time with their packets in registers, over
-/// blocks of 16 KiB of K rows so that every pair after the first reads them from L1; the
-/// prefetch runs with the first pair. Returns the rows done.
-template <int NP, class T, class Prefetch>
+/// blocks of 16 KiB of K rows so that every pair after the first reads them from L1.
+/// Returns the rows done.
+template <int NP, class T, class Pace>
 index_t scores_pairs(const float* const* q, index_t m, const T* k, index_t ldk, index_t bk,
-                     index_t d, float* const* s, Prefetch&& prefetch) {
-  auto none = [](index_t) {};
+                     index_t d, float* const* s, Pace&& pace) {
   const index_t pairs = m / 2, whole = bk / 4 * 4;
   const index_t block =
       std::max<index_t>(4, l1_block_keys(d * static_cast<index_t>(sizeof(T)) / 4) / 4 * 4);
   for (index_t jb = 0; jb < whole; jb += block) {
     const index_t je = std::min(whole, jb + block);
     for (index_t p = 0; p < pairs; ++p)
-      p == 0 ? scores_pair<NP>(q + 2 * p, k, ldk, jb, je, d, s + 2 * p, prefetch)
-             : scores_pair<NP>(q + 2 * p, k, ldk, jb, je, d, s + 2 * p, none);
+      scores_pair<NP>(q + 2 * p, k, ldk, jb, je, d, s + 2 * p, pace);
   }
   // The last keys (fewer than 4) through the general blocks, one row at a time.
   for (index_t j = whole; j < bk; ++j) {
-    prefetch(j);
+    pace(1);
     const T* kr[1] = {k + j * ldk};
     for (index_t t = 0; t < 2 * pairs; ++t) dot_block<1, 1>(q + t, kr, d, s + t, j);
   }
@@ -234,36 +232,33 @@ index_t scores_pairs(const float* const* q, index_t m, const T* k, index_t ldk, 
 #endif
 
 /// s[t][j] = q[t] . k_j for R rows and the keys j < bk (row j at k + j * ldk), J keys at a
-/// time.
-template <int R, int J, class T, class Prefetch>
+/// time; pace(J) before every J keys.
+template <int R, int J, class T, class Pace>
 void scores_rows(const float* const* q, const T* k, index_t ldk, index_t bk, index_t d,
-                 float* const* s, Prefetch&& prefetch) {
+                 float* const* s, Pace&& pace) {
   index_t j = 0;
   for (; j + J <= bk; j += J) {
+    pace(J);
     const T* kr[J];
-    for (int u = 0; u < J; ++u) {
-      prefetch(j + u);
-      kr[u] = k + (j + u) * ldk;
-    }
+    for (int u = 0; u < J; ++u) kr[u] = k + (j + u) * ldk;
     dot_block<R, J>(q, kr, d, s, j);
   }
   for (; j < bk; ++j) {
-    prefetch(j);
+    pace(1);
     const T* kr[1] = {k + j * ldk};
     dot_block<R, 1>(q, kr, d, s, j);
   }
 }
 
 /// s[t][j] = q[t] . k_j for the rows t < m (q[t]: d floats) and the keys j < bk of a key
-/// tile (row j at k + j * ldk, stored as T). prefetch(j) is called once per key j: the
-/// caller requests rows from memory meanwhile.
-template <class T, class Prefetch>
+/// tile (row j at k + j * ldk, stored as T). pace(n) is called before each step of the
+/// products over n keys of a block of rows (one key: 8 to 32 packet FMAs at D = 128): the
+/// caller requests memory at that pace meanwhile (paced_prefetch).
+template <class T, class Pace>
 void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, index_t bk, index_t d,
-                  float* const* s, Prefetch&& prefetch) {
+                  float* const* s, Pace&& pace) {
   // Blocks of 4, 2 and 1 rows, with 2, 4 and 8 keys at a time: 8 chains each (16, with
-  // 4 keys for 4 rows, measured no faster with AVX-512). The prefetch runs with the first
-  // block only.
-  auto none = [](index_t) {};
+  // 4 keys for 4 rows, measured no faster with AVX-512).
   index_t t = 0;
 #if defined(EIGEN_VECTORIZE_AVX512)
   // Two rows or more (a GQA group, several query tokens) with a head dimension of 4 or 8
@@ -271,33 +266,28 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
   // loop then loads only K; the 4-row blocks load a row's packet for every two keys. Measured
   // on 4 rows of a 128-key tile in L1 with D 128: 1.7x faster with fp16/bf16 K, 1.4x with
   // fp32 (0.8 -> 1.4 FMAs per cycle with fp16).
-  if (m >= 2 && d / lanes == 8) t = scores_pairs<8>(q, m, k, ldk, bk, d, s, prefetch);
-  if (m >= 2 && d / lanes == 4) t = scores_pairs<4>(q, m, k, ldk, bk, d, s, prefetch);
+  if (m >= 2 && d / lanes == 8) t = scores_pairs<8>(q, m, k, ldk, bk, d, s, pace);
+  if (m >= 2 && d / lanes == 4) t = scores_pairs<4>(q, m, k, ldk, bk, d, s, pace);
 #endif
-  for (; t + 4 <= m; t += 4)
-    t == 0 ? scores_rows<4, 2>(q + t, k, ldk, bk, d, s + t, prefetch)
-           : scores_rows<4, 2>(q + t, k, ldk, bk, d, s + t, none);
-  for (; t + 2 <= m; t += 2)
-    t == 0 ? scores_rows<2, 4>(q + t, k, ldk, bk, d, s + t, prefetch)
-           : scores_rows<2, 4>(q + t, k, ldk, bk, d, s + t, none);
-  for (; t < m; ++t)
-    t == 0 ? scores_rows<1, 8>(q + t, k, ldk, bk, d, s + t, prefetch)
-           : scores_rows<1, 8>(q + t, k, ldk, bk, d, s + t, none);
+  for (; t + 4 <= m; t += 4) scores_rows<4, 2>(q + t, k, ldk, bk, d, s + t, pace);
+  for (; t + 2 <= m; t += 2) scores_rows<2, 4>(q + t, k, ldk, bk, d, s + t, pace);
+  for (; t < m; ++t) scores_rows<1, 8>(q + t, k, ldk, bk, d, s + t, pace);
 }
 
 /// o[t][c * lanes, (c + C) * lanes) += sum over keys j in [jb, je) of p[t][j] v_j for R rows:
 /// the R x C packets of o stay in registers while the keys go by in ascending order (v_j at
 /// v + j * ldv, stored as T), and each V packet is loaded (and widened) once for all R rows.
 /// Each key's R x C products are independent, so the FMA units stay busy even though every
-/// packet's own sum is a chain over the keys.
-template <int R, int C, class T>
+/// packet's own sum is a chain over the keys. pace(1) before every key.
+template <int R, int C, class T, class Pace>
 ALIBI_FORCEINLINE void pv_packets(const float* const* p, const T* v, index_t ldv, index_t jb,
-                                  index_t je, float* const* o) {
+                                  index_t je, float* const* o, Pace& pace) {
   namespace ei = Eigen::internal;
   packet acc[R][C];
   for (int t = 0; t < R; ++t)
     for (int c = 0; c < C; ++c) acc[t][c] = ei::ploadu<packet>(o[t] + c * lanes);
   for (index_t j = jb; j < je; ++j) {
+    pace(1);
     const T* vj = v + j * ldv;
     packet vp[C];
     for (int c = 0; c < C; ++c) {
@@ -315,15 +305,15 @@ ALIBI_FORCEINLINE void pv_packets(const float* const* p, const T* v, index_t ldv
 
 /// The packets [e, dp) of R output rows (e advanced past them): blocks of C packets while
 /// they fit, then of C / 2, ..., 1, so that every block keeps several independent chains.
-template <int R, int C, class T>
+template <int R, int C, class T, class Pace>
 ALIBI_FORCEINLINE void pv_blocks(const float* const* p, const T* v, index_t ldv, index_t jb,
-                                 index_t je, index_t dp, float* const* o, index_t& e) {
+                                 index_t je, index_t dp, float* const* o, index_t& e, Pace& pace) {
   float* oe[R];
   for (; e + C * lanes <= dp; e += C * lanes) {
     for (int t = 0; t < R; ++t) oe[t] = o[t] + e;
-    pv_packets<R, C>(p, v + e, ldv, jb, je, oe);
+    pv_packets<R, C>(p, v + e, ldv, jb, je, oe, pace);
   }
-  if constexpr (C > 1) pv_blocks<R, C / 2>(p, v, ldv, jb, je, dp, o, e);
+  if constexpr (C > 1) pv_blocks<R, C / 2>(p, v, ldv, jb, je, dp, o, e, pace);
 }
 
 /// o[t][e] += sum over keys j in [jb, je) of p[t][j] v_j[e] for R rows, keys in ascending
@@ -332,13 +322,13 @@ ALIBI_FORCEINLINE void pv_blocks(const float* const* p, const T* v, index_t ldv,
 /// AVX-512 and one row), fewer for what is left, then the scalar tail. A V row is read front
 /// to back for each group of packets, in ascending keys: one contiguous run the hardware
 /// prefetcher follows.
-template <int R, class T>
+template <int R, class T, class Pace>
 void pv_rows(const float* const* p, const T* v, index_t ldv, index_t jb, index_t je, index_t dv,
-             float* const* o) {
+             float* const* o, Pace& pace) {
   constexpr int C = vector_registers / 2 / R >= 8 ? 8 : vector_registers / 2 / R >= 4 ? 4 : 2;
   const index_t dp = dv / lanes * lanes;
   index_t e = 0;
-  pv_blocks<R, C>(p, v, ldv, jb, je, dp, o, e);
+  pv_blocks<R, C>(p, v, ldv, jb, je, dp, o, e, pace);
   for (int t = 0; t < R; ++t)
     for (e = dp; e < dv; ++e) {
       float a = o[t][e];
@@ -349,11 +339,11 @@ void pv_rows(const float* const* p, const T* v, index_t ldv, index_t jb, index_t
 
 /// o[t] += sum over keys j < bk not listed in skip[0, nskip) (ascending) of p[t][j] v_j, for
 /// the rows t < m (o[t]: dv floats; v_j stored as T). Each output element sums its keys in
-/// ascending order, whatever the blocking. prefetch(j) is called once per key j that takes
-/// part, a block of keys ahead of their products.
-template <class T, class Prefetch>
+/// ascending order, whatever the blocking. pace(1) is called before every key of each block
+/// of rows and packets, as small_scores calls it.
+template <class T, class Pace>
 void small_pv(const float* const* p, index_t m, const T* v, index_t ldv, index_t bk, index_t dv,
-              const index_t* skip, index_t nskip, float* const* o, Prefetch&& prefetch) {
+              const index_t* skip, index_t nskip, float* const* o, Pace&& pace) {
   // Keys in blocks of at most 16 KiB of fp32 V rows, and within a block the rows 4, 2 or 1
   // at a time: each V packet is loaded once per block of rows, and the block's V rows, read
   // from memory for the first packets, are still in L1 for the next ones. Each output
@@ -363,11 +353,10 @@ void small_pv(const float* const* p, index_t m, const T* v, index_t ldv, index_t
     const index_t je = u < nskip ? skip[u] : bk;
     for (index_t j = jb; j < je; j += block) {
       const index_t jend = std::min(je, j + block);
-      for (index_t x = j; x < jend; ++x) prefetch(x);
       index_t t = 0;
-      for (; t + 4 <= m; t += 4) pv_rows<4>(p + t, v, ldv, j, jend, dv, o + t);
-      for (; t + 2 <= m; t += 2) pv_rows<2>(p + t, v, ldv, j, jend, dv, o + t);
-      for (; t < m; ++t) pv_rows<1>(p + t, v, ldv, j, jend, dv, o + t);
+      for (; t + 4 <= m; t += 4) pv_rows<4>(p + t, v, ldv, j, jend, dv, o + t, pace);
+      for (; t + 2 <= m; t += 2) pv_rows<2>(p + t, v, ldv, j, jend, dv, o + t, pace);
+      for (; t < m; ++t) pv_rows<1>(p + t, v, ldv, j, jend, dv, o + t, pace);
     }
     jb = je + 1;
   }
