@@ -28,11 +28,11 @@ void BM_fused(benchmark::State& state) {
   p.mask.causal = causal;
   p.skip_far_tiles = false;  // the dense kernel; BM_far_tiles measures the skipping
   const alibi::backend::eigen be{threads};
-  for (auto _ : state) {
+  alibi_bench::timed_steps(state, [&] {
     alibi::attention(be, in.qv(), in.kv(), in.vv(), in.ov(), p);
     benchmark::DoNotOptimize(in.out.data());
     benchmark::ClobberMemory();
-  }
+  });
   set_counters(state, alibi_bench::attention_flops(16, len, len, d, causal), threads);
 }
 
@@ -41,11 +41,11 @@ void BM_seed_fp32(benchmark::State& state) {
   const bool causal = state.range(2) != 0;
   const int threads = static_cast<int>(state.range(3));
   alibi_bench::inputs in(16, len, len, d);
-  for (auto _ : state) {
+  alibi_bench::timed_steps(state, [&] {
     alibi_bench::seed_attention(threads, in, causal);
     benchmark::DoNotOptimize(in.out.data());
     benchmark::ClobberMemory();
-  }
+  });
   set_counters(state, alibi_bench::attention_flops(16, len, len, d, causal), threads);
 }
 
@@ -64,10 +64,10 @@ void BM_decode(benchmark::State& state) {
   p.mask.causal = true;
   p.skip_far_tiles = state.range(2) != 0;
   const alibi::backend::eigen be{threads};
-  for (auto _ : state) {
+  alibi_bench::timed_steps(state, [&] {
     alibi::attention(be, in.qv(), in.kv(), in.vv(), in.ov(), p);
     benchmark::DoNotOptimize(in.out.data());
-  }
+  });
   state.counters["KV_GB/s"] = benchmark::Counter(2.0 * 16 * lk * 128 * 4 / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -86,10 +86,10 @@ void BM_far_tiles(benchmark::State& state) {
   alibi::attention_stats stats;
   p.stats = &stats;
   const alibi::backend::eigen be{threads};
-  for (auto _ : state) {
+  alibi_bench::timed_steps(state, [&] {
     alibi::attention(be, in.qv(), in.kv(), in.vv(), in.ov(), p);
     benchmark::DoNotOptimize(in.out.data());
-  }
+  });
   set_counters(state, alibi_bench::attention_flops(16, len, len, 64, true), threads);
   state.counters["skipped"] = static_cast<double>(stats.tiles_skipped) /
                               static_cast<double>(stats.tiles_skipped + stats.tiles_computed);
@@ -108,10 +108,10 @@ void BM_far_tiles_head(benchmark::State& state) {
   alibi::attention_stats stats;
   p.stats = &stats;
   const alibi::backend::eigen be{2};
-  for (auto _ : state) {
+  alibi_bench::timed_steps(state, [&] {
     alibi::attention(be, in.qv(), in.kv(), in.vv(), in.ov(), p);
     benchmark::DoNotOptimize(in.out.data());
-  }
+  });
   set_counters(state, alibi_bench::attention_flops(1, len, len, 64, true), 2);
   state.counters["skipped"] = static_cast<double>(stats.tiles_skipped) /
                               static_cast<double>(stats.tiles_skipped + stats.tiles_computed);

@@ -63,11 +63,11 @@ void BM_backward(benchmark::State& state) {
   alibi::attention_stats stats;
   p.stats = &stats;
   const alibi::backend::eigen be{threads};
-  for (auto _ : state) {
+  alibi_bench::timed_steps(state, [&] {
     in.backward(be, p);
     benchmark::DoNotOptimize(in.dq.data());
     benchmark::ClobberMemory();
-  }
+  });
   set_counters(state, 2.5 * alibi_bench::attention_flops(num_heads, len, len, d, causal), threads);
   state.counters["skipped"] =
       static_cast<double>(stats.tiles_skipped) /
@@ -84,11 +84,11 @@ void BM_forward(benchmark::State& state) {
   p.mask.causal = causal;
   p.skip_far_tiles = state.range(4) != 0;
   const alibi::backend::eigen be{threads};
-  for (auto _ : state) {
+  alibi_bench::timed_steps(state, [&] {
     alibi::attention(be, in.qv(), in.kv(), in.vv(), in.ov(), p);
     benchmark::DoNotOptimize(in.out.data());
     benchmark::ClobberMemory();
-  }
+  });
   set_counters(state, alibi_bench::attention_flops(num_heads, len, len, d, causal), threads);
 }
 
@@ -139,11 +139,11 @@ void BM_seed_backward_fp32(benchmark::State& state) {
   const bool causal = state.range(2) != 0;
   const int threads = static_cast<int>(state.range(3));
   backward_inputs in(len, d, causal);
-  for (auto _ : state) {
+  alibi_bench::timed_steps(state, [&] {
     seed_backward(threads, in, causal);
     benchmark::DoNotOptimize(in.dq.data());
     benchmark::ClobberMemory();
-  }
+  });
   set_counters(state, 2.5 * alibi_bench::attention_flops(num_heads, len, len, d, causal), threads);
 }
 

@@ -114,12 +114,6 @@ struct kv_store {
   }
 };
 
-// warm_up_note: each benchmark makes one untimed call before its timed ones. On this
-// project's virtual machine the first read of freshly filled K/V buffers after the
-// temporary float buffers they were converted from are freed can take 20x longer than the
-// next reads (a plain loop over the same 512 MiB: 230-670 ms, then 21-23 ms), and Google
-// Benchmark 1.7 times the first iteration alone when it exceeds the minimum time: single runs
-// then reported 1-2 GB/s for a decode step that takes 30 ms.
 template <class T>
 void decode(benchmark::State& state, index_t lk, index_t hkv, bool skip, int threads) {
   const index_t hq = 32, d = 128;
@@ -137,8 +131,7 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, bool skip, int thr
                      alibi::make_view(out.data(), 1, hq, 1, d), p);
     benchmark::DoNotOptimize(out.data());
   };
-  step();  // untimed: see warm_up_note
-  for (auto _ : state) step();
+  alibi_bench::timed_steps(state, step);
   const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
   state.counters["KV_GB/s"] =
       benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
@@ -173,8 +166,7 @@ void prefill(benchmark::State& state, index_t len, index_t d, int threads) {
                      alibi::make_view(out.data(), 1, h, len, d), p);
     benchmark::DoNotOptimize(out.data());
   };
-  step();  // untimed: see warm_up_note
-  for (auto _ : state) step();
+  alibi_bench::timed_steps(state, step);
   state.counters["GFLOP/s"] =
       benchmark::Counter(alibi_bench::attention_flops(h, len, len, d, true) / 1e9,
                          benchmark::Counter::kIsIterationInvariantRate);

@@ -65,11 +65,14 @@ void BM_layer(benchmark::State& state) {
   opt.skip_far_tiles = state.range(3) != 0;
   alibi::layer_timings t;
   opt.timings = &t;
-  for (auto _ : state) {
-    layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
-                  alibi::make_view(y.data(), 1, L, E), opt);
-    benchmark::DoNotOptimize(y.data());
-  }
+  alibi_bench::timed_steps(
+      state,
+      [&] {
+        layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
+                      alibi::make_view(y.data(), 1, L, E), opt);
+        benchmark::DoNotOptimize(y.data());
+      },
+      [&] { t = {}; });
   report(state, t);
   const double n = static_cast<double>(state.iterations());
   // GEMM flops: q, k, v, out projections (4 x 2 L E^2) and the FFN (2 x 2 L E F).
@@ -112,11 +115,14 @@ void BM_layer_family(benchmark::State& state) {
   opt.mask.causal = true;
   alibi::layer_timings t;
   opt.timings = &t;
-  for (auto _ : state) {
-    layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
-                  alibi::make_view(y.data(), 1, L, E), opt);
-    benchmark::DoNotOptimize(y.data());
-  }
+  alibi_bench::timed_steps(
+      state,
+      [&] {
+        layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
+                      alibi::make_view(y.data(), 1, L, E), opt);
+        benchmark::DoNotOptimize(y.data());
+      },
+      [&] { t = {}; });
   report(state, t);
   const auto& a = layer.config().attention;
   const double kv = static_cast<double>(a.kv_heads * a.head_dim);
@@ -144,12 +150,15 @@ void layer_decode(benchmark::State& state, index_t N, int threads) {
                 alibi::make_view(prompt.data(), 1, N, E), cache, opt);
   alibi::layer_timings t;
   opt.timings = &t;
-  for (auto _ : state) {
-    layer.forward(alibi::make_view<const float>(x.data(), 1, 1, E),
-                  alibi::make_view(y.data(), 1, 1, E), cache, opt);
-    cache.truncate(0, N);
-    benchmark::DoNotOptimize(y.data());
-  }
+  alibi_bench::timed_steps(
+      state,
+      [&] {
+        layer.forward(alibi::make_view<const float>(x.data(), 1, 1, E),
+                      alibi::make_view(y.data(), 1, 1, E), cache, opt);
+        cache.truncate(0, N);
+        benchmark::DoNotOptimize(y.data());
+      },
+      [&] { t = {}; });
   report(state, t);
   // Bytes a step must read: the weights (4 E^2 + 2 E F floats) and the cached K and V.
   const double bytes = 4.0 * (4.0 * E * E + 2.0 * E * F) + 2.0 * N * E * sizeof(S);

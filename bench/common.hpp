@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -18,6 +19,26 @@ namespace alibi_bench {
 
 using alibi::index_t;
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// Calls step() once untimed, then reset() (which clears what the untimed call must not add
+/// to, such as accumulated timings), then step() once per iteration of `state`. Why the
+/// untimed call: on this project's virtual machines the first pass over freshly written
+/// buffers can take many times as long as the next ones (a plain loop over 512 MiB converted
+/// from a freed float buffer: 230-670 ms, then 21-23 ms), and Google Benchmark 1.7 reports a
+/// single iteration alone when it exceeds the minimum time, so that first pass would be the
+/// figure. (State is benchmark::State; a template so that this header, also used by
+/// alibi_peak_memory, needs no Google Benchmark.)
+template <class State, class Step, class Reset>
+void timed_steps(State& state, Step&& step, Reset&& reset) {
+  step();
+  reset();
+  for (auto _ : state) step();
+}
+
+template <class State, class Step>
+void timed_steps(State& state, Step&& step) {
+  timed_steps(state, std::forward<Step>(step), [] {});
+}
 
 /// q, k, v of shape (1, heads, len, dim), randn with a fixed seed.
 struct inputs {

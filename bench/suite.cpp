@@ -90,11 +90,11 @@ void BM_suite(benchmark::State& state) {
                                          : static_cast<int>(std::thread::hardware_concurrency());
   alibi_bench::inputs in = make_inputs(len);
   const double extra = peak_extra_mib(P, len, causal, threads);
-  for (auto _ : state) {
+  alibi_bench::timed_steps(state, [&] {
     run_once(P, in, causal, threads);
     benchmark::DoNotOptimize(in.out.data());
     benchmark::ClobberMemory();
-  }
+  });
   state.counters["GFLOP/s"] =
       benchmark::Counter(alibi_bench::attention_flops(seed_heads, len, len, seed_dim, causal) / 1e9,
                          benchmark::Counter::kIsIterationInvariantRate);
