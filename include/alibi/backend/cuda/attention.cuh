@@ -21,20 +21,40 @@
 namespace alibi {
 namespace cuda_detail {
 
+/// 0, 1, 2 for the element types the kernels take: float, __half, __nv_bfloat16 (-1 for
+/// any other).
 template <class T>
-inline constexpr bool supported_element =
-    std::is_same<T, float>::value || std::is_same<T, __half>::value ||
-    std::is_same<T, __nv_bfloat16>::value;
+inline constexpr int element_code = std::is_same<T, float>::value           ? 0
+                                    : std::is_same<T, __half>::value        ? 1
+                                    : std::is_same<T, __nv_bfloat16>::value ? 2
+                                                                            : -1;
+template <class T>
+inline constexpr bool supported_element = element_code<T> >= 0;
 
 /// The head dims the kernels are built for.
 template <int... D>
 struct head_dims {
+  static constexpr int count = sizeof...(D);
+  static constexpr int list[sizeof...(D)] = {D...};
+
   /// Calls f(std::integral_constant<int, d>{}) for the one listed d == dim; false if none.
   template <class F>
   static bool dispatch(index_t dim, F&& f) {
     return ((dim == D ? (f(std::integral_constant<int, D>{}), true) : false) || ...);
   }
+
+  static constexpr bool contains(index_t dim) { return ((dim == D) || ...); }
+
+  /// "32, 64, 96 or 128": the list for error messages.
+  static std::string names() {
+    std::string s;
+    for (int i = 0; i < count; ++i)
+      s += (i == 0 ? "" : i + 1 == count ? " or " : ", ") + std::to_string(list[i]);
+    return s;
+  }
 };
+/// The one list of head dims: the run-time dispatch, can_implement's check and (checked by a
+/// static_assert below) the precompiled instances all follow it.
 using kernel_head_dims = head_dims<32, 64, 96, 128>;
 
 template <class F>
@@ -235,6 +255,31 @@ void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<c
   X(__half, 32)         X(__half, 64)         X(__half, 96)         X(__half, 128)         \
   X(__nv_bfloat16, 32)  X(__nv_bfloat16, 64)  X(__nv_bfloat16, 96)  X(__nv_bfloat16, 128)
 // clang-format on
+
+#define ALIBI_CUDA_INSTANCE_ENTRY(T, D) {element_code<T>, D},
+struct kernel_instance {
+  int type, dim;
+};
+inline constexpr kernel_instance kernel_instances[] = {
+    ALIBI_CUDA_KERNEL_INSTANCES(ALIBI_CUDA_INSTANCE_ENTRY)};
+#undef ALIBI_CUDA_INSTANCE_ENTRY
+
+/// Whether the instance list holds exactly every (element type, head dim of
+/// kernel_head_dims) pair, in that order.
+constexpr bool instances_cover_head_dims() {
+  constexpr int n = kernel_head_dims::count;
+  if (sizeof(kernel_instances) / sizeof(kernel_instance) != std::size_t(3 * n)) return false;
+  for (int t = 0; t < 3; ++t)
+    for (int i = 0; i < n; ++i)
+      if (kernel_instances[t * n + i].type != t ||
+          kernel_instances[t * n + i].dim != kernel_head_dims::list[i])
+        return false;
+  return true;
+}
+static_assert(instances_cover_head_dims(),
+              "ALIBI_CUDA_KERNEL_INSTANCES must list every element type with every head dim of "
+              "kernel_head_dims");
+
 #define ALIBI_CUDA_LAUNCH_SIGNATURE(T, D)                                               \
   void launch<T, D, kernel_tuning<>>(const attention_problem&, tensor_view<const T, 4>, \
                                      tensor_view<const T, 4>, tensor_view<const T, 4>,  \
@@ -267,9 +312,9 @@ struct attention_impl<backend::cuda> {
     if (!std::is_same<TQ, TO>::value)
       return status::failure(f + ": out must have the element type of q, k and v");
     if (status s = cuda_detail::check_device_pointers(f, p, t); !s) return s;
-    if (p.head_dim != 32 && p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128)
-      return status::failure(f + ": head_dim (q.extent(3)) must be 32, 64, 96 or 128, got " +
-                             str(p.head_dim));
+    if (!cuda_detail::kernel_head_dims::contains(p.head_dim))
+      return status::failure(f + ": head_dim (q.extent(3)) must be " +
+                             cuda_detail::kernel_head_dims::names() + ", got " + str(p.head_dim));
     if (p.v_head_dim != p.head_dim)
       return status::failure(f + ": v_head_dim (v.extent(3)) must equal head_dim = " +
                              str(p.head_dim) + ", got " + str(p.v_head_dim));
