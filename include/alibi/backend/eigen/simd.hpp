@@ -74,20 +74,22 @@ ALIBI_FORCEINLINE packet load_floats(const T* p) {
   }
 }
 
-/// Keeps a loaded packet in a register. When one packet of K or V serves several query rows,
-/// GCC 12 folds its fp32 load into each row's FMA as a memory operand instead (it counts such
-/// loads as free): measured on one L1-resident 128-key tile of 4 rows, D 128, P V issued 20
-/// loads per 16 FMAs and ran at 0.4 of the speed of the same loop over fp16 V, whose widening
-/// leaves the packet in a register. An empty asm statement that claims to modify the register
-/// makes the compiler load it once. No effect on the arithmetic.
-ALIBI_FORCEINLINE void held(packet& x) {
+/// load_floats for a packet that several query rows use, kept in a register. With fp32, GCC
+/// 12 folds such a load into each row's FMA as a memory operand instead (it counts those
+/// loads as free): measured on one L1-resident 128-key tile of 4 rows, D 128, P V then issued
+/// 20 loads per 16 FMAs and ran at 0.4 of the speed of the same loop over fp16 V. An empty
+/// asm statement that claims to modify the register makes the compiler load it once; no
+/// effect on the arithmetic. Half precision is widened into a register anyway, and the
+/// statement there made GCC store each packet to the stack (P V 1.35x slower).
+template <class T>
+ALIBI_FORCEINLINE packet load_shared(const T* p) {
+  packet x = load_floats(p);
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  asm("" : "+v"(x));
+  if constexpr (std::is_same<T, float>::value) asm("" : "+v"(x));
 #elif defined(__GNUC__) && defined(__aarch64__)
-  asm("" : "+w"(x));
-#else
-  static_cast<void>(x);
+  if constexpr (std::is_same<T, float>::value) asm("" : "+w"(x));
 #endif
+  return x;
 }
 
 /// Rows rounded up to whole packets.

@@ -136,10 +136,7 @@ ALIBI_FORCEINLINE void dot_block(const float* const* q, const T* const* k, index
   for (int i = 0; i < R * J; ++i) acc[i] = ei::pset1<packet>(0.0f);
   for (index_t e = 0; e < dp; e += lanes) {
     packet kp[J];
-    for (int u = 0; u < J; ++u) {
-      kp[u] = load_floats(k[u] + e);
-      if constexpr (R > 1) held(kp[u]);
-    }
+    for (int u = 0; u < J; ++u) kp[u] = R > 1 ? load_shared(k[u] + e) : load_floats(k[u] + e);
     for (int t = 0; t < R; ++t) {
       const packet qp = ei::ploadu<packet>(q[t] + e);
       for (int u = 0; u < J; ++u) acc[t * J + u] = ei::pmadd(qp, kp[u], acc[t * J + u]);
@@ -175,10 +172,7 @@ ALIBI_FORCEINLINE void dot_pair4(const packet (&qv)[2][NP], const float* const* 
   for (int i = 0; i < 8; ++i) acc[i] = ei::pset1<packet>(0.0f);
   for (int c = 0; c < NP; ++c) {
     packet kp[4];
-    for (int u = 0; u < 4; ++u) {
-      kp[u] = load_floats(k + u * ldk + c * lanes);
-      held(kp[u]);
-    }
+    for (int u = 0; u < 4; ++u) kp[u] = load_shared(k + u * ldk + c * lanes);
     for (int t = 0; t < 2; ++t)
       for (int u = 0; u < 4; ++u) acc[t * 4 + u] = ei::pmadd(qv[t][c], kp[u], acc[t * 4 + u]);
   }
@@ -290,10 +284,8 @@ ALIBI_FORCEINLINE void pv_packets(const float* const* p, const T* v, index_t ldv
     pace(1);
     const T* vj = v + j * ldv;
     packet vp[C];
-    for (int c = 0; c < C; ++c) {
-      vp[c] = load_floats(vj + c * lanes);
-      if constexpr (R > 1) held(vp[c]);
-    }
+    for (int c = 0; c < C; ++c)
+      vp[c] = R > 1 ? load_shared(vj + c * lanes) : load_floats(vj + c * lanes);
     for (int t = 0; t < R; ++t) {
       const packet w = ei::pset1<packet>(p[t][j]);
       for (int c = 0; c < C; ++c) acc[t][c] = ei::pmadd(w, vp[c], acc[t][c]);
