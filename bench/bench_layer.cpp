@@ -50,6 +50,26 @@ void report(benchmark::State& state, const alibi::layer_timings& t) {
   state.counters["attn_share"] = t.attention / total;
 }
 
+/// Times layer.forward on x (L tokens) into y with `opt`, reports the time per part and returns
+/// those times summed over the timed iterations.
+template <class Layer>
+alibi::layer_timings time_forward(benchmark::State& state, Layer& layer, index_t L,
+                                  const std::vector<float>& x, std::vector<float>& y,
+                                  alibi::forward_options opt) {
+  alibi::layer_timings t;
+  opt.timings = &t;
+  alibi_bench::timed_steps(
+      state,
+      [&] {
+        layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
+                      alibi::make_view(y.data(), 1, L, E), opt);
+        benchmark::DoNotOptimize(y.data());
+      },
+      [&] { t = {}; });
+  report(state, t);
+  return t;
+}
+
 // Args: length, causal, threads, far-tile skipping.
 void BM_layer(benchmark::State& state) {
   const index_t L = state.range(0);
@@ -63,17 +83,7 @@ void BM_layer(benchmark::State& state) {
   alibi::forward_options opt;
   opt.mask.causal = causal;
   opt.skip_far_tiles = state.range(3) != 0;
-  alibi::layer_timings t;
-  opt.timings = &t;
-  alibi_bench::timed_steps(
-      state,
-      [&] {
-        layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
-                      alibi::make_view(y.data(), 1, L, E), opt);
-        benchmark::DoNotOptimize(y.data());
-      },
-      [&] { t = {}; });
-  report(state, t);
+  const alibi::layer_timings t = time_forward(state, layer, L, x, y, opt);
   const double n = static_cast<double>(state.iterations());
   // GEMM flops: q, k, v, out projections (4 x 2 L E^2) and the FFN (2 x 2 L E F).
   const double gemm_flops = 8.0 * L * E * E + 4.0 * L * E * F;
@@ -113,17 +123,7 @@ void BM_layer_family(benchmark::State& state) {
   for (float& v : x) v = randn(rng);
   alibi::forward_options opt;
   opt.mask.causal = true;
-  alibi::layer_timings t;
-  opt.timings = &t;
-  alibi_bench::timed_steps(
-      state,
-      [&] {
-        layer.forward(alibi::make_view<const float>(x.data(), 1, L, E),
-                      alibi::make_view(y.data(), 1, L, E), opt);
-        benchmark::DoNotOptimize(y.data());
-      },
-      [&] { t = {}; });
-  report(state, t);
+  const alibi::layer_timings t = time_forward(state, layer, L, x, y, opt);
   const auto& a = layer.config().attention;
   const double kv = static_cast<double>(a.kv_heads * a.head_dim);
   const double ffn_mats = c.ffn == alibi::ffn_type::gated ? 3.0 : 2.0;
