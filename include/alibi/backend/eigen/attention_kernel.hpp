@@ -429,13 +429,6 @@ inline workspace* small_workspaces(index_t heads) {
   return w.data();
 }
 
-/// Rows of a key tile in their storage type: row j at data + j * ld.
-template <class T>
-struct tile_rows {
-  const T* data;
-  index_t ld;
-};
-
 /// One key tile for the heads of a small call, whose rows all go through one pass of the
 /// small-row products (small_rows.hpp): each K and V row of the tile is read once for all
 /// the heads' rows. Each head's scores are row-major in its workspace (ws.s), its output
@@ -559,24 +552,19 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
       // before its P V): fp16 MHA 29.4 -> 25.6 ms, fp16 GQA-8 9.8 -> 7.3, fp32 GQA-8 19.8 ->
       // 14.4 (fp32 MHA, the same code in both, 61.6 and 51.6: this machine's noise).
       const index_t prefetch_rows = std::is_same<T, float>::value ? 4 : 1;
-      if (next_j0 >= 0 && n * nh >= prefetch_rows) {
-        const index_t next_bk = std::min(bk, it0.ue - next_j0);
-        ahead.plan(reinterpret_cast<const char*>(kv.k.ptr(b, it0.hk, next_j0)),
-                   kv.k.strides[2] * index_t(sizeof(T)), d * index_t(sizeof(T)),
-                   reinterpret_cast<const char*>(kv.v.ptr(b, it0.hk, next_j0)),
-                   kv.v.strides[2] * index_t(sizeof(T)), dv * index_t(sizeof(T)), next_bk);
-      } else {
-        ahead.plan(nullptr, 0, 0, nullptr, 0, 0, 0);
-      }
+      if (next_j0 >= 0 && n * nh >= prefetch_rows)
+        ahead.plan(kv.rows(true, b, it0.hk, next_j0), d, kv.rows(false, b, it0.hk, next_j0), dv,
+                   std::min(bk, it0.ue - next_j0));
+      else
+        ahead.plan_nothing();
       if (!std::is_same<T, float>::value && !careful) {
         // Half-precision K/V: the products widen it in registers as they read it (a
         // converted copy would be written and read back, and the conversion loop would wait
         // for memory with no arithmetic beside it).
         const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(d)),
                              kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(dv))};
-        small_tile(heads, done, q, unread, j0, careful, ldo, ahead,
-                   tile_rows<T>{kv.k.ptr(b, it0.hk, j0), kv.k.strides[2]},
-                   tile_rows<T>{kv.v.ptr(b, it0.hk, j0), kv.v.strides[2]});
+        small_tile(heads, done, q, unread, j0, careful, ldo, ahead, kv.rows(true, b, it0.hk, j0),
+                   kv.rows(false, b, it0.hk, j0));
       } else {
         // fp32 in place, or (careful path) half precision converted into fp32 tiles.
         const kv_tile tile_kv = kv.tile(b, it0.hk, j0, n_keys);

@@ -56,6 +56,13 @@ struct kv_tile_buffers {
   }
 };
 
+/// Rows of a key tile in their storage type: row j at data + j * ld.
+template <class T>
+struct tile_rows {
+  const T* data;
+  index_t ld;
+};
+
 /// Requests the K and V rows of the next key tile from memory while the products work on
 /// the tile in hand, a few cache lines at a time at the products' regular calls to tick(),
 /// spread over the whole tile: the next tile's K lines first, then its V lines.
@@ -69,23 +76,31 @@ struct kv_tile_buffers {
 /// in one burst, 14.7 ms with its lines spread over the arithmetic.
 class paced_prefetch {
  public:
-  /// The rows to request: n K rows of k_bytes from k (stride k_ld bytes), then n V rows of
-  /// v_bytes from v (stride v_ld); n = 0 requests nothing. The lines are spread over as many
-  /// ticks as the last tile took.
-  void plan(const char* k, index_t k_ld, index_t k_bytes, const char* v, index_t v_ld,
-            index_t v_bytes, index_t n) {
-    rows_[0] = {k, k_ld, k_bytes};
-    rows_[1] = {v, v_ld, v_bytes};
+  /// The rows to request: n rows of d elements from k, then n rows of dv elements from v.
+  /// The lines are spread over as many ticks as the last tile took.
+  template <class T>
+  void plan(tile_rows<T> k, index_t d, tile_rows<T> v, index_t dv, index_t n) {
+    constexpr auto size = static_cast<index_t>(sizeof(T));
+    rows_[0] = {reinterpret_cast<const char*>(k.data), k.ld * size, d * size};
+    rows_[1] = {reinterpret_cast<const char*>(v.data), v.ld * size, dv * size};
     n_ = n;
     stream_ = 0;
     row_ = 0;
     offset_ = 0;
-    const index_t lines = n * ((k_bytes + 63) / 64 + (v_bytes + 63) / 64);
+    const index_t lines = n * ((rows_[0].bytes + 63) / 64 + (rows_[1].bytes + 63) / 64);
     // The first tile has no count yet: a line per tick, the rest at finish().
     const index_t ticks = std::max<index_t>(last_ticks_, 1);
     group_ = last_ticks_ > 0 ? std::max<index_t>(1, (lines + ticks - 1) / ticks) : 1;
     period_ = std::max<index_t>(1, ticks * group_ / std::max<index_t>(lines, 1));
     wait_ = n > 0 ? period_ : max_wait;
+    ticks_ = 0;
+  }
+
+  /// Nothing to request for the next tile (there is none, or the hardware prefetcher keeps up).
+  void plan_nothing() {
+    n_ = 0;
+    stream_ = 2;
+    wait_ = max_wait;
     ticks_ = 0;
   }
 
@@ -145,6 +160,12 @@ class paced_prefetch {
 template <class T>
 struct kv_source {
   tensor_view<const T, 4> k, v;
+
+  /// The K (keys) or V rows of (b, hk) from key j0 on, in place.
+  tile_rows<T> rows(bool keys, index_t b, index_t hk, index_t j0) const {
+    const tensor_view<const T, 4>& t = keys ? k : v;
+    return {t.ptr(b, hk, j0), t.strides[2]};
+  }
 
   /// Keys [j0, j0 + bk) of (b, hk): views of the memory for float, otherwise converted into
   /// the calling thread's buffers (valid until its next tile() call).

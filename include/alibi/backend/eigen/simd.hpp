@@ -86,8 +86,6 @@ ALIBI_FORCEINLINE packet load_shared(const T* p) {
   packet x = load_floats(p);
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   if constexpr (std::is_same<T, float>::value) asm("" : "+v"(x));
-#elif defined(__GNUC__) && defined(__aarch64__)
-  if constexpr (std::is_same<T, float>::value) asm("" : "+w"(x));
 #endif
   return x;
 }
