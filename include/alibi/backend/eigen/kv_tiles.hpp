@@ -118,7 +118,7 @@ class paced_prefetch {
 
   /// Requests what is left of the plan, and keeps the tile's tick count for the next plan.
   void finish() {
-    while (stream_ < 2) issue(max_wait);
+    issue(max_wait);
     last_ticks_ = ticks_;
   }
 
@@ -161,12 +161,13 @@ class paced_prefetch {
         // empty volatile asm statement keeps every request.
         asm volatile("");
       }
-      line_ = end;
-      if (end == r.lines) {
-        line_ = 0;
-        row_ = row + r.ld;
-        if (--left_ == 0) start_stream(stream_ + 1);
+      if (end < r.lines) {
+        line_ = end;
+        continue;
       }
+      line_ = 0;
+      row_ = row + r.ld;
+      if (--left_ == 0) start_stream(stream_ + 1);
     }
     if (stream_ == 2) wait_ = max_wait;
   }
