@@ -23,6 +23,7 @@
 #include <benchmark/benchmark.h>
 
 #include <alibi/backend/eigen/small_rows.hpp>
+#include <alibi/backend/eigen/workspace.hpp>
 
 #include "common.hpp"
 
@@ -30,10 +31,15 @@ namespace {
 
 using alibi_bench::index_t;
 
+/// Storage on 64-byte boundaries, as an engine's allocator (and alibi's kv_cache) gives: a
+/// K/V row that starts 16 bytes past a line makes every packet load span two cache lines.
+template <class T>
+using aligned_vector = std::vector<T, alibi::detail::cpu::aligned_allocator<T>>;
+
 /// A buffer of floats with a cheap deterministic fill (an LCG: gigabytes of normal samples
 /// would take longer than the benchmarks), values in [-1, 1).
-std::vector<float> filled(std::size_t n, std::uint64_t seed) {
-  std::vector<float> x(n);
+aligned_vector<float> filled(std::size_t n, std::uint64_t seed) {
+  aligned_vector<float> x(n);
   std::uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
   for (float& e : x) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -44,9 +50,9 @@ std::vector<float> filled(std::size_t n, std::uint64_t seed) {
 
 /// filled(n, seed) rounded to the K/V storage type T.
 template <class T>
-std::vector<T> filled_as(std::size_t n, std::uint64_t seed) {
-  const std::vector<float> x = filled(n, seed);
-  return std::vector<T>(x.begin(), x.end());
+aligned_vector<T> filled_as(std::size_t n, std::uint64_t seed) {
+  const aligned_vector<float> x = filled(n, seed);
+  return aligned_vector<T>(x.begin(), x.end());
 }
 
 /// Calls f(T{}) for the K/V storage type of a benchmark argument: 0 fp32, 1 fp16, 2 bf16.
@@ -73,7 +79,7 @@ double read_ceiling(int threads) {
   static std::map<int, double> cache;
   if (auto it = cache.find(threads); it != cache.end()) return it->second;
   const index_t n = index_t(1) << 28;  // 1 GiB of floats
-  static const std::vector<float> buf = filled(static_cast<std::size_t>(n), 7);
+  static const aligned_vector<float> buf = filled(static_cast<std::size_t>(n), 7);
   std::vector<double> rates;
   for (int rep = 0; rep < 5; ++rep) {
     std::vector<float> partial(static_cast<std::size_t>(threads));
@@ -100,7 +106,7 @@ void BM_read_ceiling(benchmark::State& state) {
 /// K and V of shape (1, Hkv, Lk, 128) in storage type T, shared across benchmarks.
 template <class T>
 struct kv_store {
-  std::vector<T> k, v;
+  aligned_vector<T> k, v;
   static const kv_store& get(index_t hkv, index_t lk) {
     static std::map<std::pair<index_t, index_t>, std::unique_ptr<kv_store>> stores;
     auto& s = stores[{hkv, lk}];
@@ -118,8 +124,8 @@ template <class T>
 void decode(benchmark::State& state, index_t lk, index_t hkv, bool skip, int threads) {
   const index_t hq = 32, d = 128;
   const kv_store<T>& kv = kv_store<T>::get(hkv, lk);
-  const std::vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
-  std::vector<float> out(q.size());
+  const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
+  aligned_vector<float> out(q.size());
   alibi::attention_params p;
   p.mask.causal = true;
   p.skip_far_tiles = skip;
@@ -152,9 +158,9 @@ template <class T>
 void prefill(benchmark::State& state, index_t len, index_t d, int threads) {
   const index_t h = 16;
   const auto n = static_cast<std::size_t>(h * len * d);
-  const std::vector<float> q = filled(n, 4);
-  const std::vector<T> k = filled_as<T>(n, 5), v = filled_as<T>(n, 6);
-  std::vector<float> out(n);
+  const aligned_vector<float> q = filled(n, 4);
+  const aligned_vector<T> k = filled_as<T>(n, 5), v = filled_as<T>(n, 6);
+  aligned_vector<float> out(n);
   alibi::attention_params p;
   p.mask.causal = true;
   p.skip_far_tiles = false;  // the dense kernel
@@ -189,10 +195,10 @@ void small_products(benchmark::State& state, index_t m, bool scores) {
   // key-tail loop as if it could run past its bound.
   benchmark::DoNotOptimize(d);
   benchmark::DoNotOptimize(bk);
-  const std::vector<T> k = filled_as<T>(static_cast<std::size_t>(bk * d), 1),
-                       v = filled_as<T>(static_cast<std::size_t>(bk * d), 2);
-  const std::vector<float> q = filled(static_cast<std::size_t>(m * d), 3);
-  std::vector<float> s(static_cast<std::size_t>(m * bk), 1.0f / bk),
+  const aligned_vector<T> k = filled_as<T>(static_cast<std::size_t>(bk * d), 1),
+                          v = filled_as<T>(static_cast<std::size_t>(bk * d), 2);
+  const aligned_vector<float> q = filled(static_cast<std::size_t>(m * d), 3);
+  aligned_vector<float> s(static_cast<std::size_t>(m * bk), 1.0f / bk),
       o(static_cast<std::size_t>(m * d));
   std::vector<const float*> in(static_cast<std::size_t>(m));
   std::vector<float*> out(static_cast<std::size_t>(m));

@@ -18,6 +18,7 @@
 #include "alibi/backend/eigen/attention.hpp"
 #include "alibi/backend/eigen/attention_backward.hpp"
 #include "alibi/backend/eigen/parallel.hpp"
+#include "alibi/backend/eigen/workspace.hpp"
 #include "alibi/backend/reference/attention.hpp"
 #include "alibi/backend/reference/attention_backward.hpp"
 #include "alibi/layers/ops.hpp"
@@ -31,7 +32,7 @@ template <class Backend>
 struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>::value ||
                                            std::is_same<Backend, backend::reference>::value>> {
   template <class T>
-  using buffer = std::vector<T>;
+  using buffer = std::vector<T, cpu::aligned_allocator<T>>;
 
   template <class T>
   using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -53,11 +54,11 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
   }
   template <class T>
   static void upload(const Backend&, const std::vector<T>& host, buffer<T>& dst) {
-    dst = host;
+    dst.assign(host.begin(), host.end());
   }
   template <class T>
   static std::vector<T> download(const Backend&, const buffer<T>& src) {
-    return src;
+    return std::vector<T>(src.begin(), src.end());
   }
   template <class T>
   static void resize(buffer<T>& b, index_t n) {

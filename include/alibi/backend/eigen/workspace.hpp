@@ -79,6 +79,36 @@ class aligned_buffer {
   std::size_t size_ = 0;
 };
 
+/// A standard allocator of 64-byte aligned memory, by the same operator new as
+/// aligned_buffer: the storage of the CPU layers' buffers (the kv_cache, activations,
+/// weights). Why: a 64-byte packet load from a row that is not 64-byte aligned spans two
+/// cache lines, and large blocks from malloc are 16 bytes past a page boundary. Measured on
+/// decoding (32 query heads, D 128, 32768 keys, one thread, aligned and misaligned copies
+/// of K/V alternating in one process): with far-tile skipping off, 1.11x faster with fp16
+/// MHA and 1.00-1.02x otherwise; with it on (much of the work then in cache), fp32 1.08-1.12x.
+template <class T>
+struct aligned_allocator {
+  using value_type = T;
+  aligned_allocator() = default;
+  template <class U>
+  aligned_allocator(const aligned_allocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(
+        ::operator new (n * sizeof(T), std::align_val_t{aligned_buffer<T>::alignment}));
+  }
+  void deallocate(T* p, std::size_t) noexcept {
+    ::operator delete (p, std::align_val_t{aligned_buffer<T>::alignment});
+  }
+  template <class U>
+  bool operator==(const aligned_allocator<U>&) const noexcept {
+    return true;
+  }
+  template <class U>
+  bool operator!=(const aligned_allocator<U>&) const noexcept {
+    return false;
+  }
+};
+
 /// Leading dimensions of the scratch matrices, in floats: a multiple of 16 (64 bytes).
 inline index_t padded_stride(index_t n) { return (n + 15) / 16 * 16; }
 
