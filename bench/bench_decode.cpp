@@ -9,15 +9,18 @@
 // 8 KV heads, 4 MiB of fp16/bf16 K/V or 8 MiB of fp32, which a last-level cache of that size
 // keeps between calls, so the time is mostly the step's arithmetic; 32768: from memory);
 // counters
-// KV_GB/s (the K/V bytes of the call over its time) and of_ceiling (that over the ceiling
-// with the same thread count, medians of 5 sums measured in this process).
+// KV_GB/s (the K/V bytes of the call over its median time), ceiling_GB/s (the median of
+// the ceiling's sums with the same thread count, sampled between the steps) and of_ceiling
+// (the first over the second).
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
 // BM_small_products: the decode products alone on one cache-resident tile, GFLOP/s.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -74,26 +77,39 @@ void with_kv_type(std::int64_t code, F&& f) {
 /// Sum of n floats with Eigen's packets (several independent accumulators).
 float stream_sum(const float* p, index_t n) { return Eigen::Map<const Eigen::ArrayXf>(p, n).sum(); }
 
+/// The ceiling's buffer: 1 GiB of floats, far beyond the last-level cache.
+const aligned_vector<float>& ceiling_buffer() {
+  static const aligned_vector<float> buf = filled(std::size_t(1) << 28, 7);
+  return buf;
+}
+
+/// One sum over the ceiling's buffer split over `threads` threads: its bytes per second and
+/// the seconds it took.
+std::pair<double, double> ceiling_sample(int threads) {
+  const aligned_vector<float>& buf = ceiling_buffer();
+  const auto n = static_cast<index_t>(buf.size());
+  std::vector<float> partial(static_cast<std::size_t>(threads));
+  const auto t0 = std::chrono::steady_clock::now();
+  alibi::detail::parallel_for(threads, threads, [&](index_t t) {
+    const index_t chunk = n / threads;
+    partial[static_cast<std::size_t>(t)] = stream_sum(buf.data() + t * chunk, chunk);
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(partial.data());
+  return {static_cast<double>(n) * 4 / s, s};
+}
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const std::size_t h = x.size() / 2;
+  return x.size() % 2 ? x[h] : (x[h - 1] + x[h]) / 2;
+}
+
 /// Bytes per second of stream_sum over 1 GiB with `threads` threads: median of 5.
 double read_ceiling(int threads) {
-  static std::map<int, double> cache;
-  if (auto it = cache.find(threads); it != cache.end()) return it->second;
-  const index_t n = index_t(1) << 28;  // 1 GiB of floats
-  static const aligned_vector<float> buf = filled(static_cast<std::size_t>(n), 7);
   std::vector<double> rates;
-  for (int rep = 0; rep < 5; ++rep) {
-    std::vector<float> partial(static_cast<std::size_t>(threads));
-    const auto t0 = std::chrono::steady_clock::now();
-    alibi::detail::parallel_for(threads, threads, [&](index_t t) {
-      const index_t chunk = n / threads;
-      partial[static_cast<std::size_t>(t)] = stream_sum(buf.data() + t * chunk, chunk);
-    });
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    benchmark::DoNotOptimize(partial.data());
-    rates.push_back(static_cast<double>(n) * 4 / s);
-  }
-  std::sort(rates.begin(), rates.end());
-  return cache[threads] = rates[2];
+  for (int rep = 0; rep < 5; ++rep) rates.push_back(ceiling_sample(threads).first);
+  return median(rates);
 }
 
 void BM_read_ceiling(benchmark::State& state) {
@@ -137,12 +153,30 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, bool skip, int thr
                      alibi::make_view(out.data(), 1, hq, 1, d), p);
     benchmark::DoNotOptimize(out.data());
   };
-  alibi_bench::timed_steps(state, step);
   const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
-  state.counters["KV_GB/s"] =
-      benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["of_ceiling"] = benchmark::Counter(bytes / read_ceiling(threads),
-                                                    benchmark::Counter::kIsIterationInvariantRate);
+  // The ceiling is sampled between the steps (as much time on it as on the steps, at most):
+  // this machine's bandwidth drifts by 1.5x within a run, so a ceiling measured once per
+  // process made ratios of 0.5 or 1.3 for the same code. Each step is timed alone.
+  step();  // untimed: the first read of freshly written K/V pages is slow on some guests
+  std::vector<double> times, rates;
+  double spent_steps = 0, spent_ceiling = 0;
+  for (auto _ : state) {
+    if (spent_ceiling <= spent_steps) {
+      const auto [rate, seconds] = ceiling_sample(threads);
+      rates.push_back(rate);
+      spent_ceiling += seconds;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(s);
+    times.push_back(s);
+    spent_steps += s;
+  }
+  const double rate = bytes / median(times), ceiling = median(rates);
+  state.counters["KV_GB/s"] = rate / 1e9;
+  state.counters["ceiling_GB/s"] = ceiling / 1e9;
+  state.counters["of_ceiling"] = rate / ceiling;
 }
 
 // Args: k_len, kv heads, K/V type (0 fp32, 1 fp16, 2 bf16), skip, threads.
@@ -231,7 +265,7 @@ BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1}});
 BENCHMARK(BM_decode_kv)
     ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1}, {1, 2}})
-    ->UseRealTime()
+    ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_prefill_kv)
     ->ArgsProduct({{2048, 8192}, {64, 128}, {0, 1, 2}, {2}})
