@@ -213,16 +213,16 @@ TEST_CASE("small calls: a GQA group sharing K/V tiles equals the heads computed 
 
 TEMPLATE_TEST_CASE("small-row products: a row's results do not depend on the rows beside it",
                    "[eigen][half][small_rows]", float, Eigen::half, Eigen::bfloat16) {
-  // The decode products (backend/eigen/small_rows.hpp) on 7 rows at once (Q K^T: pairs of
-  // rows with their packets in registers where the head dim has 4 or 8 whole packets, else
-  // blocks of 4 and 2; then 1; P V: blocks of 4, 2 and 1; lane sums share reduction trees)
-  // against each row alone, bitwise; and
+  // The decode products (backend/eigen/small_rows.hpp) on 7 rows at once (Q K^T: with fp32
+  // K and 8 whole packets a block of 4 rows, then pairs of rows with their packets in
+  // registers where the head dim has 4 or 8 whole packets, else blocks of 4 and 2; then 1; P V:
+  // blocks of 4, 2 and 1; lane sums share reduction trees) against each row alone, bitwise; and
   // against a double-precision dot product / weighted sum of the same stored values. Head
   // dims with and without a tail beyond whole packets; the P V keys skip two listed keys.
   namespace cpu = alibi::detail::cpu;
   std::mt19937 gen(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (index_t d : {7, 64, 72, 128}) {
+  for (index_t d : {7, 64, 72, 128, 136}) {
     INFO("d = " << d);
     const index_t m = 7, bk = 37, ld = d + 3;
     std::vector<float> q(static_cast<std::size_t>(m * d)), p(static_cast<std::size_t>(m * bk));
