@@ -678,8 +678,10 @@ inline void merge_splits(const attention_problem& p, const tensor_view<float, 4>
 }
 
 /// Key-norm bounds for far-tile skipping: one pass over K (B * Hkv * Lk * D), small next to
-/// the attention itself. Keys past the length or excluded by the key mask are unused memory
-/// and are not read. prefix and suffix: (B, Hkv, grid) each.
+/// a prefill's attention; a decode step reads K once more for it, so there skipping pays
+/// once it skips more than about half of the tiles (it skips most at long lengths). Keys
+/// past the length or excluded by the key mask are unused memory and are not read.
+/// prefix and suffix: (B, Hkv, grid) each.
 template <class T>
 void compute_key_norms(int threads, const attention_problem& p, const kv_source<T>& kv,
                        index_t grid, float* prefix, float* suffix) {

@@ -217,17 +217,33 @@ struct kv_source {
     for (index_t j = 0; j < n; ++j) to_float(t.ptr(b, hk, j0 + j), dst + j * ld, t.extents[3]);
   }
 
-  /// |k_j|^2 of key j of (b, hk), accumulated in float as for fp32 storage.
+  /// |k_j|^2 of key j of (b, hk), summed in float from the stored values: packets into two
+  /// accumulators, then the scalar tail (compute_key_norms' margin covers any order).
+  /// Widened in registers: through a converted copy of each row, with one accumulator, the
+  /// pass took longer than the skipping decode step it served. Measured on decode steps with
+  /// skipping on (32768 keys, both versions alternating in one process): fp16 and bf16
+  /// 1.35-1.45x faster (MHA and GQA-8, one and two threads), fp32 1.02-1.2x.
   float key_squared_norm(index_t b, index_t hk, index_t j) const {
-    const index_t d = k.extents[3];
-    if constexpr (std::is_same<T, float>::value) {
-      return Eigen::Map<const Eigen::RowVectorXf>(k.ptr(b, hk, j), d).squaredNorm();
-    } else {
-      thread_local aligned_buffer<float> row;
-      row.reserve(static_cast<std::size_t>(std::max<index_t>(d, 1)));
-      to_float(k.ptr(b, hk, j), row.data(), d);
-      return Eigen::Map<const Eigen::RowVectorXf>(row.data(), d).squaredNorm();
+    namespace ei = Eigen::internal;
+    const T* row = k.ptr(b, hk, j);
+    const index_t d = k.extents[3], dp = d / lanes * lanes;
+    packet a0 = ei::pset1<packet>(0.0f), a1 = a0;
+    index_t e = 0;
+    for (; e + 2 * lanes <= dp; e += 2 * lanes) {
+      const packet x0 = load_floats(row + e), x1 = load_floats(row + e + lanes);
+      a0 = ei::pmadd(x0, x0, a0);
+      a1 = ei::pmadd(x1, x1, a1);
     }
+    if (e < dp) {
+      const packet x0 = load_floats(row + e);
+      a0 = ei::pmadd(x0, x0, a0);
+    }
+    float sum = ei::predux(ei::padd(a0, a1));
+    for (e = dp; e < d; ++e) {
+      const auto x = static_cast<float>(row[e]);
+      sum += x * x;
+    }
+    return sum;
   }
 };
 
