@@ -7,7 +7,8 @@
 // split over `threads` of alibi's pool: the bytes per second a streaming kernel can read.
 // BM_decode_kv: one query token (32 query heads, D 128) against k_len cached keys (1024: with
 // 8 KV heads, 4 MiB of fp16/bf16 K/V or 8 MiB of fp32, which a last-level cache of that size
-// keeps between calls, so the time is mostly the step's arithmetic; 32768: from memory);
+// keeps between calls, so the time is mostly the step's arithmetic; 32768: from memory;
+// skip 2: far-tile skipping with key-norm bounds kept beside the cache, as kv_cache does);
 // counters
 // KV_GB/s (the K/V bytes of the call over its median time), ceiling_GB/s (the median of
 // the ceiling's sums with the same thread count, sampled between the steps) and of_ceiling
@@ -136,18 +137,26 @@ struct kv_store {
   }
 };
 
+/// skip: 0 off, 1 on (the call computes the key norms), 2 on with the key-norm bounds kept
+/// beside the cache (computed once, as kv_cache keeps them).
 template <class T>
-void decode(benchmark::State& state, index_t lk, index_t hkv, bool skip, int threads) {
+void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int threads) {
   const index_t hq = 32, d = 128;
   const kv_store<T>& kv = kv_store<T>::get(hkv, lk);
   const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
   aligned_vector<float> out(q.size());
   alibi::attention_params p;
   p.mask.causal = true;
-  p.skip_far_tiles = skip;
+  p.skip_far_tiles = skip != 0;
   const alibi::backend::eigen be{threads};
   const auto kview = alibi::make_view<const T>(kv.k.data(), 1, hkv, lk, d);
   const auto vview = alibi::make_view<const T>(kv.v.data(), 1, hkv, lk, d);
+  const index_t blocks = (lk + alibi::key_norm_block - 1) / alibi::key_norm_block;
+  std::vector<float> bounds(static_cast<std::size_t>(hkv * blocks));
+  if (skip == 2) {
+    alibi::key_norm_bounds(kview, alibi::make_view(bounds.data(), 1, hkv, blocks));
+    p.key_norm_bounds = alibi::make_view<const float>(bounds.data(), 1, hkv, blocks);
+  }
   auto step = [&] {
     alibi::attention(be, alibi::make_view<const float>(q.data(), 1, hq, 1, d), kview, vview,
                      alibi::make_view(out.data(), 1, hq, 1, d), p);
@@ -179,10 +188,11 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, bool skip, int thr
   state.counters["of_ceiling"] = rate / ceiling;
 }
 
-// Args: k_len, kv heads, K/V type (0 fp32, 1 fp16, 2 bf16), skip, threads.
+// Args: k_len, kv heads, K/V type (0 fp32, 1 fp16, 2 bf16), skip (0 off, 1 on, 2 on with
+// the cache's key-norm bounds), threads.
 void BM_decode_kv(benchmark::State& state) {
   const index_t lk = state.range(0), hkv = state.range(1);
-  const bool skip = state.range(3) != 0;
+  const auto skip = static_cast<int>(state.range(3));
   const int threads = static_cast<int>(state.range(4));
   with_kv_type(state.range(2),
                [&](auto type) { decode<decltype(type)>(state, lk, hkv, skip, threads); });
@@ -264,7 +274,7 @@ void BM_small_products(benchmark::State& state) {
 BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1}});
 BENCHMARK(BM_decode_kv)
-    ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1}, {1, 2}})
+    ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1, 2}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_prefill_kv)

@@ -2,6 +2,8 @@
 // Far-tile skipping: real (tiles are skipped), exact within the tolerance rule, and backing
 // off on inputs built to break a careless bound.
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -18,6 +20,7 @@ namespace {
 struct skip_run {
   alibi_test::comparison cmp;
   alibi::attention_stats stats;
+  std::vector<float> out;  // the output's values, in (b, h, i, e) order
 };
 
 // Runs the eigen backend with skipping on or off and compares it with the oracle.
@@ -34,6 +37,10 @@ skip_run run_case(case_data& c, bool skip) {
   p.stats = &r.stats;
   alibi::attention(alibi::backend::eigen{2}, c.q.view, c.k.view, c.v.view, out.view, p);
   r.cmp = alibi_test::compare(c, ref, naive, out, lse);
+  for (index_t b = 0; b < s.batch; ++b)
+    for (index_t h = 0; h < s.hq; ++h)
+      for (index_t i = 0; i < s.lq; ++i)
+        for (index_t e = 0; e < s.v_dim(); ++e) r.out.push_back(out.view(b, h, i, e));
   return r;
 }
 
@@ -120,5 +127,60 @@ TEST_CASE("far-tile skipping never engages without a positive slope", "[skip][he
     const skip_run on = run_case(c, true);
     CHECK(on.cmp.ok());
     CHECK(on.stats.tiles_skipped == 0);
+  }
+}
+
+TEST_CASE("far-tile skipping with the caller's key-norm bounds", "[skip]") {
+  // Bounds from alibi::key_norm_bounds give the same tiles and bits as the call's own
+  // (every key valid, so both bound the same keys); looser bounds skip fewer tiles and stay
+  // within tolerance; a NaN bound disables skipping for its KV head; a bounds view of the
+  // wrong shape is refused by name.
+  for (index_t lq : {1, 5}) {
+    case_spec s;
+    s.batch = 2, s.lq = lq, s.lk = 3000, s.hq = 8, s.hkv = 2, s.d = 64, s.causal = true;
+    case_data c(s);
+    const index_t blocks = (s.lk + alibi::key_norm_block - 1) / alibi::key_norm_block;
+    std::vector<float> bounds(static_cast<std::size_t>(s.batch * s.hkv * blocks));
+    const auto bv = alibi::make_view(bounds.data(), s.batch, s.hkv, blocks);
+    alibi::key_norm_bounds(alibi::tensor_view<const float, 4>(c.k.view), bv);
+    const skip_run own = run_case(c, true);
+    c.params.key_norm_bounds = bv;
+    const skip_run given = run_case(c, true);
+    INFO(s.name() << ": own " << own.cmp.describe() << ", given " << given.cmp.describe());
+    CHECK(own.cmp.ok());
+    CHECK(given.cmp.ok());
+    CHECK(own.stats.tiles_skipped > 0);
+    CHECK(given.stats.tiles_skipped == own.stats.tiles_skipped);
+    CHECK(given.stats.tiles_computed == own.stats.tiles_computed);
+    REQUIRE(given.out.size() == own.out.size());
+    CHECK(std::memcmp(given.out.data(), own.out.data(), own.out.size() * sizeof(float)) == 0);
+
+    for (float& x : bounds) x *= 4.0f;
+    const skip_run loose = run_case(c, true);
+    CHECK(loose.cmp.ok());
+    CHECK(loose.stats.tiles_skipped < own.stats.tiles_skipped);
+
+    for (float& x : bounds) x /= 4.0f;
+    bounds[0] = std::numeric_limits<float>::quiet_NaN();  // (b 0, KV head 0), block 0
+    const skip_run nan = run_case(c, true);
+    CHECK(nan.cmp.ok());
+    CHECK(nan.stats.tiles_skipped < own.stats.tiles_skipped);
+
+    c.params.key_norm_bounds =
+        alibi::make_view<const float>(bounds.data(), s.batch, s.hkv, blocks - 1);
+    CHECK_THROWS_WITH(run_case(c, true), Catch::Contains("params.key_norm_bounds must have shape"));
+  }
+  // The helper's own arguments.
+  std::vector<float> k(2 * 300 * 8, 1.0f), b(3);
+  const auto kv = alibi::make_view<const float>(k.data(), 1, 1, 300, 8);
+  CHECK_THROWS_WITH(alibi::key_norm_bounds(kv, alibi::make_view(b.data(), 1, 1, 2)),
+                    Catch::Contains("bounds must have shape"));
+  CHECK_THROWS_WITH(alibi::key_norm_bounds(kv, alibi::make_view(b.data(), 1, 1, 3), 301),
+                    Catch::Contains("first_key must be in [0, k_len = 300]"));
+  alibi::key_norm_bounds(kv, alibi::make_view(b.data(), 1, 1, 3));
+  // |k| = sqrt(8) for every key, rounded up by a margin below 1e-5 relative.
+  for (float x : b) {
+    CHECK(x >= std::sqrt(8.0f));
+    CHECK(x < std::sqrt(8.0f) * (1 + 1e-5f));
   }
 }

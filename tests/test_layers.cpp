@@ -729,3 +729,66 @@ TEST_CASE("safetensors: corrupt files are clear errors", "[layers][safetensors][
       with_header(R"({"a":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})", 4));
   REQUIRE_THROWS_WITH(i32.to_float("a"), Catch::Contains("expected F32, F16, BF16 or F64"));
 }
+
+TEST_CASE("KV cache: its key-norm bounds follow appends, truncation and clearing",
+          "[layers][decode][skip]") {
+  // The cache's bounds (attention_params::key_norm_bounds for its decode steps) against
+  // alibi::key_norm_bounds over each sequence's stored keys, bitwise; blocks past a
+  // sequence's length hold 0. Lengths cross the 128-key blocks.
+  alibi::mha_config c;
+  c.embed_dim = 32;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  alibi::multi_head_attention<float, cpu> m(c);
+  set_all(m, random_weights(m, 2));
+  auto cache = alibi::kv_cache<float, cpu, Eigen::half>::for_module(m, 2, 400);
+  const index_t L = 150;
+  auto x = randn(static_cast<std::size_t>(2 * L * 32), 4);
+  std::vector<float> out(x.size());
+  alibi::forward_options o;
+  o.mask.causal = true;
+  auto step = [&](index_t n0, index_t n1) {
+    std::vector<index_t> n = {n0, n1};
+    o.q_lengths = alibi::make_view<const index_t>(n.data(), 2);
+    m.forward(alibi::make_view<const float>(x.data(), 2, L, 32),
+              alibi::make_view(out.data(), 2, L, 32), cache, o);
+  };
+  auto check = [&](const char* when) {
+    INFO(when);
+    const auto keys = cache.keys();
+    const auto got = cache.key_norm_bounds();
+    REQUIRE(got.extents[2] == (keys.extents[2] + 127) / 128);
+    for (index_t b = 0; b < 2; ++b) {
+      const index_t len = cache.length(b), blocks = (len + 127) / 128;
+      const auto kb = alibi::make_strided_view<const Eigen::half, 4>(
+          keys.ptr(b, 0, 0), {1, 2, len, cache.head_dim()},
+          {keys.strides[0], keys.strides[1], keys.strides[2], keys.strides[3]});
+      std::vector<float> want(static_cast<std::size_t>(2 * blocks), -1.0f);
+      alibi::key_norm_bounds(kb, alibi::make_view(want.data(), 1, 2, blocks));
+      for (index_t h = 0; h < 2; ++h)
+        for (index_t t = 0; t < got.extents[2]; ++t) {
+          const float expected = t < blocks ? want[static_cast<std::size_t>(h * blocks + t)] : 0.0f;
+          INFO("b " << b << " h " << h << " block " << t);
+          CHECK(got(b, h, t) == expected);
+          if (t < blocks) CHECK(got(b, h, t) > 0.0f);
+        }
+    }
+  };
+  step(L, 100);
+  check("after a prompt of 150 and 100 tokens");
+  for (int i = 0; i < 3; ++i) step(1, 1);
+  check("after three decode steps");
+  step(120, 0);
+  check("after 120 more tokens in sequence 0 (273: three blocks)");
+  cache.truncate(0, 130);
+  check("after truncating sequence 0 to 130");
+  cache.truncate(0, 100);
+  check("after truncating sequence 0 to 100");
+  cache.clear(1);
+  check("after clearing sequence 1");
+  step(5, 7);
+  check("after appending to both");
+  cache.clear();
+  step(3, 0);
+  check("after clearing all and a new prompt");
+}

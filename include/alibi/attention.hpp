@@ -275,6 +275,11 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
       !s)
     return s;
   if (status s = check_no_overlap(fn, "params.logsumexp", p.logsumexp); !s) return s;
+  const index_t bhb[] = {B, Hkv, (Lk + key_norm_block - 1) / key_norm_block};
+  if (status s = check_optional(fn, "params.key_norm_bounds", p.key_norm_bounds, bhb,
+                                "(batch, kv_heads, ceil(k_len / key_norm_block))");
+      !s)
+    return s;
 
   prob = attention_problem{};
   prob.batch = B;
@@ -295,6 +300,7 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
   prob.lse = p.logsumexp;
   prob.skip_far_tiles = p.skip_far_tiles;
   prob.stats = p.stats;
+  prob.key_norm_bounds = p.key_norm_bounds;
 
   if (host_values) {
     for (index_t b = 0; b < B; ++b) {

@@ -14,6 +14,9 @@
 
 namespace alibi {
 
+/// Keys per block of attention_params::key_norm_bounds (the CPU kernel's key tile).
+inline constexpr index_t key_norm_block = 128;
+
 /// Counters of the work a fused backend did in one call (optional output).
 struct attention_stats {
   std::int64_t tiles_computed = 0;  // key tiles whose scores were computed
@@ -55,6 +58,15 @@ struct attention_params {
   bool skip_far_tiles = true;
   /// Optional: counters of the tiles computed and skipped (fused CPU backend).
   attention_stats* stats = nullptr;
+  /// Optional, for far-tile skipping on the CPU backend (other backends ignore it):
+  /// (batch, kv_heads, ceil(k_len / key_norm_block)) upper bounds on the Euclidean norm of
+  /// the keys of each block of key_norm_block keys (keys no row can see may be left out, or
+  /// counted). Without it the call computes them from K, a pass over all of K: for a decode
+  /// step, half as many bytes again as it reads otherwise. alibi::key_norm_bounds() computes
+  /// them (also for the blocks from a given key on, for a cache that grows), and the layers'
+  /// kv_cache keeps them. A value below a true norm voids the skipping's error bound; NaN
+  /// disables skipping for its KV head.
+  tensor_view<const float, 3> key_norm_bounds{};
 };
 
 namespace detail {
@@ -71,6 +83,7 @@ struct attention_problem {
   tensor_view<float, 3> lse{};
   bool skip_far_tiles = true;
   attention_stats* stats = nullptr;
+  tensor_view<const float, 3> key_norm_bounds{};
 
   /// Valid query rows / keys of batch entry b, clamped to [0, q_len] / [0, k_len]. Why:
   /// on the host make_problem refuses out-of-range lengths (it checks the raw values), but

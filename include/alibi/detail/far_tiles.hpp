@@ -18,6 +18,13 @@ namespace detail {
 /// unit output) even counting the bound's own fp32 slack.
 inline constexpr double skip_log_epsilon = -25 * 0.69314718055994531;
 
+/// An upper bound on the norm of a key whose squared norm, summed in float from its D
+/// elements in any order, is `squared`. A float sum of D squares is within D * 2^-24
+/// (relative) of the exact one; the margin covers that and the square root.
+ALIBI_HOST_DEVICE inline float key_norm_bound(float squared, index_t head_dim) {
+  return std::sqrt(squared * (1.0f + 1e-5f + static_cast<float>(head_dim) * 1.2e-7f));
+}
+
 /// The bound for one (row, head): every score of the row against a key at distance dist is
 /// at most c - slope * (dist - shift), with c = |scale| |q| max|k| (Cauchy-Schwarz). Keys on
 /// one side of the row, the nearest at distance dn, have distinct distances dn, dn + 1, ...,

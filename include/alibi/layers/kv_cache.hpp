@@ -31,6 +31,13 @@ class multi_head_attention;
 template <class T, class Backend, class S = T>
 class kv_cache {
   using ops = detail::layer_ops<Backend>;
+  // Whether it keeps key-norm bounds for far-tile skipping (the eigen backend).
+  static constexpr bool keeps_norms = [] {
+    if constexpr (detail::reads_host_memory<Backend>)
+      return ops::template keeps_key_norms<S>;
+    else
+      return false;
+  }();
   static_assert(std::is_same<S, T>::value || detail::reads_host_memory<Backend>,
                 "alibi::kv_cache: a storage type other than the layer's is for the CPU backends");
 
@@ -61,6 +68,10 @@ class kv_cache {
     ops::resize(k_, n);
     ops::resize(v_, n);
     lengths_.assign(static_cast<std::size_t>(batch), 0);
+    if constexpr (keeps_norms) {
+      blocks_ = (capacity + key_norm_block - 1) / key_norm_block;
+      norms_.assign(static_cast<std::size_t>(batch * kv_heads * blocks_), 0.0f);
+    }
   }
   /// A cache shaped for `module` (a multi_head_attention or a transformer_layer).
   template <class M>
@@ -77,8 +88,14 @@ class kv_cache {
   index_t length(index_t b) const { return lengths_[sequence(b, "length")]; }
   const std::vector<index_t>& lengths() const { return lengths_; }
   /// Forgets every sequence (or sequence b), e.g. to start a new prompt in that slot.
-  void clear() { std::fill(lengths_.begin(), lengths_.end(), index_t{0}); }
-  void clear(index_t b) { lengths_[sequence(b, "clear")] = 0; }
+  void clear() {
+    std::fill(lengths_.begin(), lengths_.end(), index_t{0});
+    std::fill(norms_.begin(), norms_.end(), 0.0f);
+  }
+  void clear(index_t b) {
+    lengths_[sequence(b, "clear")] = 0;
+    refresh_norms(b, 0, 0);
+  }
   /// Keeps the first `length` tokens of sequence b (rolling back rejected speculative tokens,
   /// or re-running a step); `length` must not exceed what the sequence holds.
   void truncate(index_t b, index_t length) {
@@ -87,12 +104,18 @@ class kv_cache {
       detail::raise(error("alibi::kv_cache::truncate: length must be in [0, " + detail::str(n) +
                           "] for sequence " + detail::str(b) + ", got " + detail::str(length)));
     n = length;
+    refresh_norms(b, length, length);
   }
 
   /// (batch, kv_heads, length, head_dim) views of the stored keys and values, `length` =
   /// the longest sequence; positions past length(b) of sequence b are unspecified.
   tensor_view<const S, 4> keys() const { return view(k_, max_length()); }
   tensor_view<const S, 4> values() const { return view(v_, max_length()); }
+  /// (batch, kv_heads, ceil(length / key_norm_block)) bounds on the norms of keys(), kept as
+  /// tokens are appended (attention_params::key_norm_bounds; the layers pass them, so that a
+  /// decode step with far-tile skipping reads only the K/V tiles it computes). Blocks past a
+  /// sequence's length hold 0. The eigen backend only (the others do not skip).
+  tensor_view<const float, 3> key_norm_bounds() const { return norm_bounds(max_length()); }
 
  private:
   friend class multi_head_attention<T, Backend>;
@@ -109,6 +132,29 @@ class kv_cache {
     for (index_t n : lengths_) m = std::max(m, n);
     return m;
   }
+  tensor_view<const float, 3> norm_bounds(index_t length) const {
+    static_assert(keeps_norms, "key-norm bounds are kept on the eigen backend");
+    return make_strided_view<const float, 3>(
+        norms_.data(), {batch_, kv_heads_, (length + key_norm_block - 1) / key_norm_block},
+        {kv_heads_ * blocks_, blocks_, 1});
+  }
+  /// Recomputes sequence b's key-norm bounds from key `from` on, for its first `length`
+  /// keys (after an append or a truncation), and zeroes the blocks past them.
+  void refresh_norms(index_t b, index_t from, index_t length) {
+    if constexpr (keeps_norms) {
+      float* nb = norms_.data() + b * kv_heads_ * blocks_;
+      const index_t used = (length + key_norm_block - 1) / key_norm_block;
+      const auto keys = make_strided_view<const S, 4>(
+          k_.data() + b * capacity_ * kv_heads_ * head_dim_, {1, kv_heads_, length, head_dim_},
+          {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
+      ops::key_norm_bounds(
+          keys,
+          make_strided_view<float, 3>(nb, {1, kv_heads_, used}, {kv_heads_ * blocks_, blocks_, 1}),
+          from);
+      for (index_t h = 0; h < kv_heads_; ++h)
+        std::fill(nb + h * blocks_ + used, nb + (h + 1) * blocks_, 0.0f);
+    }
+  }
   tensor_view<const S, 4> view(const detail::backend_buffer<Backend, S>& b, index_t length) const {
     return make_strided_view<const S, 4>(
         b.data(), {batch_, kv_heads_, length, head_dim_},
@@ -119,6 +165,10 @@ class kv_cache {
   index_t batch_, capacity_, kv_heads_, head_dim_;
   detail::backend_buffer<Backend, S> k_, v_;  // (batch, capacity, kv_heads, head_dim)
   std::vector<index_t> lengths_;
+  // Key-norm bounds (batch, kv_heads, blocks_ of key_norm_block keys of the capacity), on
+  // the eigen backend; empty elsewhere.
+  std::vector<float> norms_;
+  index_t blocks_ = 0;
 };
 
 }  // namespace alibi

@@ -365,6 +365,12 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
   p.q_lengths = ops::per_batch(backend_, q_len, q_len_dev_);
   p.k_lengths = ops::per_batch(backend_, k_len, k_len_dev_);
   if (has_key_mask) p.key_mask = ops::key_mask(backend_, opt.key_padding_mask, mask_dev_);
+  if constexpr (kv_cache<T, Backend, S>::keeps_norms) {
+    // The cache's key-norm bounds (refreshed as the new keys are appended below): skipping
+    // then reads only the tiles it computes, not all of K for the norms.
+    if (cache != nullptr && opt.skip_far_tiles)
+      p.key_norm_bounds = cache->norm_bounds(kc4.extents[2]);
+  }
   if (saved != nullptr) {
     // The backward pass needs the softmax's logsumexp (natural log) of every row.
     saved->lse_.assign(static_cast<std::size_t>(B * cfg_.q_heads * Lq), 0.0f);
@@ -395,6 +401,10 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
                        n, nkv);
       }
       cache->lengths_ = k_len;
+      for (index_t b = 0; b < B; ++b)
+        cache->refresh_norms(
+            b, k_len[static_cast<std::size_t>(b)] - q_len[static_cast<std::size_t>(b)],
+            k_len[static_cast<std::size_t>(b)]);
     }
   });
 

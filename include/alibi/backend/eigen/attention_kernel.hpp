@@ -682,6 +682,8 @@ inline void merge_splits(const attention_problem& p, const tensor_view<float, 4>
 /// once it skips more than about half of the tiles (it skips most at long lengths). Keys
 /// past the length or excluded by the key mask are unused memory and are not read.
 /// prefix and suffix: (B, Hkv, grid) each.
+static_assert(kernel_config::block_k == key_norm_block,
+              "caller key-norm bounds are per key tile of the kernel");
 template <class T>
 void compute_key_norms(int threads, const attention_problem& p, const kv_source<T>& kv,
                        index_t grid, float* prefix, float* suffix) {
@@ -694,16 +696,18 @@ void compute_key_norms(int threads, const attention_problem& p, const kv_source<
     // [range of row 0).begin, (range of the last row).end).
     const index_t lo = lq > 0 ? p.key_range(b, 0).begin : 0;
     const index_t hi = lq > 0 ? p.key_range(b, lq - 1).end : 0;
-    for (index_t t = 0; t < grid; ++t) {
-      float worst = 0.0f;
-      for (index_t j = std::max(lo, t * bk); j < std::min(hi, (t + 1) * bk); ++j) {
-        if (p.key_excluded(b, j)) continue;
-        worst = max_keep_nan(worst, kv.key_squared_norm(b, hk, j));  // NaN disables skipping
+    if (p.key_norm_bounds.data) {  // the caller's bounds
+      for (index_t t = 0; t < grid; ++t) pre[t] = suf[t] = p.key_norm_bounds(b, hk, t);
+    } else {
+      for (index_t t = 0; t < grid; ++t) {
+        float worst = 0.0f;
+        for (index_t j = std::max(lo, t * bk); j < std::min(hi, (t + 1) * bk); ++j) {
+          if (p.key_excluded(b, j)) continue;
+          worst = max_keep_nan(worst, kv.key_squared_norm(b, hk, j));  // NaN disables skipping
+        }
+        // Rounded up: the bound must never fall below a true norm.
+        pre[t] = suf[t] = key_norm_bound(worst, p.head_dim);
       }
-      // Rounded up: the bound must never fall below a true norm. A float sum of D squares
-      // is within D * 2^-24 (relative) of the exact one; the margin covers that and sqrt.
-      pre[t] = suf[t] =
-          std::sqrt(worst * (1.0f + 1e-5f + static_cast<float>(p.head_dim) * 1.2e-7f));
     }
     for (index_t t = 1; t < grid; ++t) pre[t] = max_keep_nan(pre[t - 1], pre[t]);
     for (index_t t = grid - 2; t >= 0; --t) suf[t] = max_keep_nan(suf[t + 1], suf[t]);

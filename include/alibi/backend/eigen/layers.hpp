@@ -17,6 +17,7 @@
 
 #include "alibi/backend/eigen/attention.hpp"
 #include "alibi/backend/eigen/attention_backward.hpp"
+#include "alibi/backend/eigen/key_norms.hpp"
 #include "alibi/backend/eigen/parallel.hpp"
 #include "alibi/backend/eigen/workspace.hpp"
 #include "alibi/backend/reference/attention.hpp"
@@ -59,6 +60,17 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
   template <class T>
   static std::vector<T> download(const Backend&, const buffer<T>& src) {
     return std::vector<T>(src.begin(), src.end());
+  }
+  /// Whether a kv_cache with storage type S keeps key-norm bounds: on the eigen backend,
+  /// which skips far tiles (the reference backend computes every key).
+  template <class S>
+  static constexpr bool keeps_key_norms =
+      std::is_same<Backend, backend::eigen>::value&& cpu::is_cpu_kv_type<S>;
+  /// alibi::key_norm_bounds, for the kv_cache.
+  template <class S>
+  static void key_norm_bounds(const tensor_view<const S, 4>& k, const tensor_view<float, 3>& bounds,
+                              index_t first_key) {
+    alibi::key_norm_bounds(k, bounds, first_key);
   }
   template <class T>
   static void resize(buffer<T>& b, index_t n) {

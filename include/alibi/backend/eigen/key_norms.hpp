@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: MIT
+// alibi::key_norm_bounds: the key-norm bounds of far-tile skipping computed once, for a
+// caller (or the layers' kv_cache) that keeps them beside its K and passes them to each
+// call (attention_params::key_norm_bounds), so that a decode step with skipping reads only
+// the K/V tiles it computes.
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "alibi/backend/eigen/attention.hpp"
+#include "alibi/backend/eigen/kv_tiles.hpp"
+#include "alibi/detail/far_tiles.hpp"
+#include "alibi/error.hpp"
+#include "alibi/problem.hpp"
+#include "alibi/tensor_view.hpp"
+
+namespace alibi {
+
+/// Upper bounds on the Euclidean norms of the keys of k (batch, kv_heads, k_len, head_dim;
+/// float, Eigen::half or Eigen::bfloat16 in host memory), one per block of key_norm_block
+/// keys, into bounds (batch, kv_heads, ceil(k_len / key_norm_block)): what
+/// attention_params::key_norm_bounds takes. Only the blocks from the one holding first_key
+/// on are computed (each from all of its keys below k_len); the others are left as they
+/// are, so a cache that appends keys at position n refreshes its bounds with first_key = n.
+/// The norms are summed in float and rounded up as the CPU kernel does; a NaN key gives NaN.
+template <class T>
+void key_norm_bounds(const tensor_view<const T, 4>& k, const tensor_view<float, 3>& bounds,
+                     index_t first_key = 0) {
+  static_assert(detail::cpu::is_cpu_kv_type<T>,
+                "alibi::key_norm_bounds: k must be float, Eigen::half or Eigen::bfloat16");
+  const char* f = "alibi::key_norm_bounds";
+  const index_t B = k.extents[0], H = k.extents[1], L = k.extents[2], D = k.extents[3];
+  const index_t blocks = (L + key_norm_block - 1) / key_norm_block;
+  if (B < 0 || H < 0 || L < 0 || D < 0)
+    detail::raise(error(std::string(f) + ": k has a negative extent"));
+  if (D > 1 && k.strides[3] != 1)
+    detail::raise(error(std::string(f) + ": k.stride(3) (head_dim) must be 1 (contiguous), got " +
+                        detail::str(k.strides[3])));
+  if (bounds.extents[0] != B || bounds.extents[1] != H || bounds.extents[2] != blocks)
+    detail::raise(error(std::string(f) +
+                        ": bounds must have shape (batch, kv_heads, ceil(k_len / "
+                        "key_norm_block)) = (" +
+                        detail::str(B) + ", " + detail::str(H) + ", " + detail::str(blocks) +
+                        "), got (" + detail::str(bounds.extents[0]) + ", " +
+                        detail::str(bounds.extents[1]) + ", " + detail::str(bounds.extents[2]) +
+                        ")"));
+  if (first_key < 0 || first_key > L)
+    detail::raise(error(std::string(f) + ": first_key must be in [0, k_len = " + detail::str(L) +
+                        "], got " + detail::str(first_key)));
+  if (B == 0 || H == 0 || L == 0) return;
+  if (k.data == nullptr || bounds.data == nullptr)
+    detail::raise(error(std::string(f) + ": k.data and bounds.data must not be null"));
+  const detail::cpu::kv_source<T> src{k, k};
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t t = first_key / key_norm_block; t < blocks; ++t) {
+        float worst = 0.0f;
+        for (index_t j = t * key_norm_block; j < std::min(L, (t + 1) * key_norm_block); ++j)
+          worst = detail::max_keep_nan(worst, src.key_squared_norm(b, h, j));
+        bounds(b, h, t) = detail::key_norm_bound(worst, D);
+      }
+}
+
+}  // namespace alibi
