@@ -699,15 +699,9 @@ void compute_key_norms(int threads, const attention_problem& p, const kv_source<
     if (p.key_norm_bounds.data) {  // the caller's bounds
       for (index_t t = 0; t < grid; ++t) pre[t] = suf[t] = p.key_norm_bounds(b, hk, t);
     } else {
-      for (index_t t = 0; t < grid; ++t) {
-        float worst = 0.0f;
-        for (index_t j = std::max(lo, t * bk); j < std::min(hi, (t + 1) * bk); ++j) {
-          if (p.key_excluded(b, j)) continue;
-          worst = max_keep_nan(worst, kv.key_squared_norm(b, hk, j));  // NaN disables skipping
-        }
-        // Rounded up: the bound must never fall below a true norm.
-        pre[t] = suf[t] = key_norm_bound(worst, p.head_dim);
-      }
+      for (index_t t = 0; t < grid; ++t)  // NaN disables skipping
+        pre[t] = suf[t] = kv.norm_bound(b, hk, std::max(lo, t * bk), std::min(hi, (t + 1) * bk),
+                                        [&](index_t j) { return p.key_excluded(b, j); });
     }
     for (index_t t = 1; t < grid; ++t) pre[t] = max_keep_nan(pre[t - 1], pre[t]);
     for (index_t t = grid - 2; t >= 0; --t) suf[t] = max_keep_nan(suf[t + 1], suf[t]);

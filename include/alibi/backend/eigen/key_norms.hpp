@@ -10,7 +10,6 @@
 
 #include "alibi/backend/eigen/attention.hpp"
 #include "alibi/backend/eigen/kv_tiles.hpp"
-#include "alibi/detail/far_tiles.hpp"
 #include "alibi/error.hpp"
 #include "alibi/problem.hpp"
 #include "alibi/tensor_view.hpp"
@@ -54,12 +53,10 @@ void key_norm_bounds(const tensor_view<const T, 4>& k, const tensor_view<float, 
   const detail::cpu::kv_source<T> src{k, k};
   for (index_t b = 0; b < B; ++b)
     for (index_t h = 0; h < H; ++h)
-      for (index_t t = first_key / key_norm_block; t < blocks; ++t) {
-        float worst = 0.0f;
-        for (index_t j = t * key_norm_block; j < std::min(L, (t + 1) * key_norm_block); ++j)
-          worst = detail::max_keep_nan(worst, src.key_squared_norm(b, h, j));
-        bounds(b, h, t) = detail::key_norm_bound(worst, D);
-      }
+      for (index_t t = first_key / key_norm_block; t < blocks; ++t)
+        bounds(b, h, t) =
+            src.norm_bound(b, h, t * key_norm_block, std::min(L, (t + 1) * key_norm_block),
+                           [](index_t) { return false; });
 }
 
 }  // namespace alibi

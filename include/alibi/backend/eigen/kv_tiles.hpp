@@ -15,6 +15,7 @@
 #include "alibi/backend/eigen/simd.hpp"
 #include "alibi/backend/eigen/workspace.hpp"
 #include "alibi/config.hpp"
+#include "alibi/detail/far_tiles.hpp"
 #include "alibi/tensor_view.hpp"
 
 namespace alibi {
@@ -244,6 +245,17 @@ struct kv_source {
       sum += x * x;
     }
     return sum;
+  }
+
+  /// The far-tile bound on the norms of keys [j0, j1) of (b, hk) except those `excluded(j)`
+  /// names (unused memory, not read): the largest |k_j|^2, rounded up (key_norm_bound); NaN
+  /// when a key is NaN.
+  template <class Excluded>
+  float norm_bound(index_t b, index_t hk, index_t j0, index_t j1, Excluded&& excluded) const {
+    float worst = 0.0f;
+    for (index_t j = j0; j < j1; ++j)
+      if (!excluded(j)) worst = max_keep_nan(worst, key_squared_norm(b, hk, j));
+    return key_norm_bound(worst, k.extents[3]);
   }
 };
 

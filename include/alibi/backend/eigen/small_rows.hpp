@@ -159,6 +159,24 @@ ALIBI_FORCEINLINE void dot_block(const float* const* q, const T* const* k, index
 }
 
 #if defined(EIGEN_VECTORIZE_AVX512)
+/// The end of a blocking with R x J = 8 accumulators (row t, key u at acc[t * J + u]) over
+/// the J key rows from k (leading dimension ldk): s[t][j + u] = the sum of the lanes, plus
+/// the scalar tail [dp, d) when the head dim has one.
+template <int R, int J, class T>
+ALIBI_FORCEINLINE void finish_eight(const packet* acc, const float* const* q, const T* k,
+                                    index_t ldk, index_t dp, index_t d, float* const* s,
+                                    index_t j) {
+  if (dp == d) {
+    store_sums<R, J>(eight_sums(acc), s, j);
+    return;
+  }
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, eight_sums(acc));
+  const T* kr[J];
+  for (int u = 0; u < J; ++u) kr[u] = k + u * ldk;
+  store_with_tails<R, J>(sums, q, kr, dp, d, s, j);
+}
+
 /// dot_block for two rows whose NP packets (the head dimension without its tail) are held in
 /// registers for the whole key tile, four keys at a time: only the K rows are loaded in the
 /// loop. The same arithmetic in the same order as dot_block (packets in ascending order into
@@ -177,14 +195,7 @@ ALIBI_FORCEINLINE void dot_pair4(const packet (&qv)[2][NP], const float* const* 
     for (int t = 0; t < 2; ++t)
       for (int u = 0; u < 4; ++u) acc[t * 4 + u] = ei::pmadd(qv[t][c], kp[u], acc[t * 4 + u]);
   }
-  if (dp == d) {
-    store_sums<2, 4>(eight_sums(acc), s, j);
-    return;
-  }
-  alignas(32) float sums[8];
-  _mm256_store_ps(sums, eight_sums(acc));
-  const T* kr[4] = {k, k + ldk, k + 2 * ldk, k + 3 * ldk};
-  store_with_tails<2, 4>(sums, q, kr, dp, d, s, j);
+  finish_eight<2, 4>(acc, q, k, ldk, dp, d, s, j);
 }
 
 /// s[t][j] = q[t] . k_j for two rows and the keys j in [jb, je) (a multiple of 4 of them),
@@ -260,16 +271,10 @@ void scores_quad(const float* const* q, const T* k, index_t ldk, index_t jb, ind
             acc[2 * t + 1] = ei::pmadd(qv[t][c], k1, acc[2 * t + 1]);
           }
         }
-        if (ph + 1 < phases) {
+        if (ph + 1 < phases)
           for (int i = 0; i < 8; ++i) sp[i] = acc[i];
-        } else if (dp == d) {
-          store_sums<4, 2>(eight_sums(acc), s, j);
-        } else {
-          alignas(32) float sums[8];
-          _mm256_store_ps(sums, eight_sums(acc));
-          const T* kr[2] = {k + j * ldk, k + (j + 1) * ldk};
-          store_with_tails<4, 2>(sums, q, kr, dp, d, s, j);
-        }
+        else
+          finish_eight<4, 2>(acc, q, k + j * ldk, ldk, dp, d, s, j);
       }
     }
   }
