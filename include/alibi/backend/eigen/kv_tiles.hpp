@@ -157,7 +157,12 @@ class paced_prefetch {
       const char* const row = row_;
       const index_t begin = line_, end = std::min(begin + piece_lines, r.lines);
       for (index_t l = begin; l < end; ++l) {
-        __builtin_prefetch(row + 64 * l, 0, 2);  // into L2 (prefetcht1 on x86)
+        // Into L1 and L2 (prefetcht0 on x86). The lines of a whole tile do not all stay in
+        // L1, but each arrives there instead of one level further: measured against
+        // prefetcht1 with both versions alternating call by call (k_len 32768, 16 calls
+        // each, medians, 1 and 2 threads), half-precision MHA decode 1.05-1.10x faster, GQA-8
+        // 0.995-1.025x (fp32 MHA requests nothing: the hardware prefetcher keeps up there).
+        __builtin_prefetch(row + 64 * l, 0, 3);
         // GCC may delete a loop that only prefetches (to it a prefetch has no effect); an
         // empty volatile asm statement keeps every request.
         asm volatile("");
