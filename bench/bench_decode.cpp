@@ -13,6 +13,10 @@
 // KV_GB/s (the K/V bytes of the call over its median time), ceiling_GB/s (the median of
 // the ceiling's sums with the same thread count, sampled between the steps) and of_ceiling
 // (the first over the second).
+// BM_decode_arith: the same step with K/V views whose key stride is 0 (every key reads the
+// same row, which stays in L1): all of the step's arithmetic and bookkeeping without its
+// memory traffic; counter bound_GB/s, the K/V bytes the real step streams over this time,
+// the most a step could read per second before its arithmetic, not memory, limits it.
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
 // BM_small_products: the decode products alone on one cache-resident tile, GFLOP/s.
 #include <algorithm>
@@ -198,6 +202,41 @@ void BM_decode_kv(benchmark::State& state) {
                [&](auto type) { decode<decltype(type)>(state, lk, hkv, skip, threads); });
 }
 
+/// A decode step (as decode(), skipping off) on K/V views with a key stride of 0: each KV
+/// head's keys all read one row, so the products, softmax and bookkeeping run as in the real
+/// step (the same data-independent work, prefetch requests included) with every byte in L1.
+template <class T>
+void decode_arith(benchmark::State& state, index_t lk, index_t hkv, int threads) {
+  const index_t hq = 32, d = 128;
+  const aligned_vector<T> k = filled_as<T>(static_cast<std::size_t>(hkv * d), 1),
+                          v = filled_as<T>(static_cast<std::size_t>(hkv * d), 2);
+  const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
+  aligned_vector<float> out(q.size());
+  alibi::attention_params p;
+  p.mask.causal = true;
+  p.skip_far_tiles = false;
+  const alibi::backend::eigen be{threads};
+  const index_t strides[4] = {hkv * d, d, 0, 1};  // (B, Hkv, Lk, D): one row per KV head
+  const auto kview = alibi::make_strided_view<const T, 4>(k.data(), {1, hkv, lk, d}, strides);
+  const auto vview = alibi::make_strided_view<const T, 4>(v.data(), {1, hkv, lk, d}, strides);
+  alibi_bench::timed_steps(state, [&] {
+    alibi::attention(be, alibi::make_view<const float>(q.data(), 1, hq, 1, d), kview, vview,
+                     alibi::make_view(out.data(), 1, hq, 1, d), p);
+    benchmark::DoNotOptimize(out.data());
+  });
+  const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
+  state.counters["bound_GB/s"] =
+      benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: k_len, kv heads, K/V type (0 fp32, 1 fp16, 2 bf16), threads.
+void BM_decode_arith(benchmark::State& state) {
+  const index_t lk = state.range(0), hkv = state.range(1);
+  const int threads = static_cast<int>(state.range(3));
+  with_kv_type(state.range(2),
+               [&](auto type) { decode_arith<decltype(type)>(state, lk, hkv, threads); });
+}
+
 template <class T>
 void prefill(benchmark::State& state, index_t len, index_t d, int threads) {
   const index_t h = 16;
@@ -276,6 +315,10 @@ BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1}});
 BENCHMARK(BM_decode_kv)
     ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1, 2}, {1, 2}})
     ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_arith)
+    ->ArgsProduct({{32768}, {32, 8}, {0, 1, 2}, {1, 2}})
+    ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_prefill_kv)
     ->ArgsProduct({{2048, 8192}, {64, 128}, {0, 1, 2}, {2}})
