@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "alibi/attention.hpp"
-
+#include "alibi/detail/online_softmax.hpp"
 #include "alibi/error.hpp"
 #include "alibi/layers/ops.hpp"
 
@@ -138,19 +138,43 @@ class kv_cache {
         norms_.data(), {batch_, kv_heads_, (length + key_norm_block - 1) / key_norm_block},
         {kv_heads_ * blocks_, blocks_, 1});
   }
-  /// Recomputes sequence b's key-norm bounds from key `from` on, for its first `length`
-  /// keys (after an append or a truncation), and zeroes the blocks past them.
-  void refresh_norms(index_t b, index_t from, index_t length) {
+  /// Sequence b's key-norm bounds after its keys changed from key `from` on, for its first
+  /// `length` keys, and zeroes the blocks past them. After an append (`appended`: keys
+  /// [from, length) are new, the ones below are as before) the block holding `from` still
+  /// bounds its older keys, so only the new ones are read there and the two bounds combined:
+  /// key_norm_bound is monotone in the squared norm, so the larger of the two is the bound of
+  /// the whole block, bit for bit (a decode step reads one key there instead of up to 128).
+  /// Otherwise (a truncation) the blocks from `from`'s on are computed from all their keys.
+  void refresh_norms(index_t b, index_t from, index_t length, bool appended = false) {
     if constexpr (keeps_norms) {
       float* nb = norms_.data() + b * kv_heads_ * blocks_;
       const index_t used = (length + key_norm_block - 1) / key_norm_block;
-      const auto keys = make_strided_view<const S, 4>(
-          k_.data() + b * capacity_ * kv_heads_ * head_dim_, {1, kv_heads_, length, head_dim_},
-          {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
-      ops::key_norm_bounds(
-          keys,
-          make_strided_view<float, 3>(nb, {1, kv_heads_, used}, {kv_heads_ * blocks_, blocks_, 1}),
-          from);
+      // Keys [first, first + n) of sequence b: (1, kv_heads, n, head_dim).
+      auto keys = [&](index_t first, index_t n) {
+        return make_strided_view<const S, 4>(
+            k_.data() + (b * capacity_ + first) * kv_heads_ * head_dim_,
+            {1, kv_heads_, n, head_dim_},
+            {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
+      };
+      index_t start = from;
+      if (appended && from % key_norm_block != 0 && from < length) {
+        const index_t t = from / key_norm_block;
+        const index_t end = std::min(length, (t + 1) * key_norm_block);
+        thread_local std::vector<float> fresh;
+        fresh.resize(static_cast<std::size_t>(kv_heads_));
+        ops::key_norm_bounds(keys(from, end - from), make_view(fresh.data(), 1, kv_heads_, 1), 0);
+        for (index_t h = 0; h < kv_heads_; ++h)
+          nb[h * blocks_ + t] =
+              detail::max_keep_nan(nb[h * blocks_ + t], fresh[static_cast<std::size_t>(h)]);
+        start = end;
+      }
+      // Blocks from start's on: after an append, those holding new keys only; after a
+      // truncation, also the one the new length ends in (its keys past it are gone).
+      if (appended ? start < length : start / key_norm_block < used)
+        ops::key_norm_bounds(keys(0, length),
+                             make_strided_view<float, 3>(nb, {1, kv_heads_, used},
+                                                         {kv_heads_ * blocks_, blocks_, 1}),
+                             start);
       for (index_t h = 0; h < kv_heads_; ++h)
         std::fill(nb + h * blocks_ + used, nb + (h + 1) * blocks_, 0.0f);
     }

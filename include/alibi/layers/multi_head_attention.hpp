@@ -404,7 +404,7 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
       for (index_t b = 0; b < B; ++b)
         cache->refresh_norms(
             b, k_len[static_cast<std::size_t>(b)] - q_len[static_cast<std::size_t>(b)],
-            k_len[static_cast<std::size_t>(b)]);
+            k_len[static_cast<std::size_t>(b)], true);
     }
   });
 
