@@ -150,12 +150,7 @@ class kv_cache {
       float* nb = norms_.data() + b * kv_heads_ * blocks_;
       const index_t used = (length + key_norm_block - 1) / key_norm_block;
       // Keys [first, first + n) of sequence b: (1, kv_heads, n, head_dim).
-      auto keys = [&](index_t first, index_t n) {
-        return make_strided_view<const S, 4>(
-            k_.data() + (b * capacity_ + first) * kv_heads_ * head_dim_,
-            {1, kv_heads_, n, head_dim_},
-            {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
-      };
+      auto keys = [&](index_t first, index_t n) { return view(k_, n, b, 1, first); };
       index_t start = from;
       if (appended && from % key_norm_block != 0 && from < length) {
         const index_t t = from / key_norm_block;
@@ -179,9 +174,13 @@ class kv_cache {
         std::fill(nb + h * blocks_ + used, nb + (h + 1) * blocks_, 0.0f);
     }
   }
-  tensor_view<const S, 4> view(const detail::backend_buffer<Backend, S>& b, index_t length) const {
+  /// (sequences, kv_heads, length, head_dim) view of `buf` from sequence b0 and token
+  /// first on (every sequence by default).
+  tensor_view<const S, 4> view(const detail::backend_buffer<Backend, S>& buf, index_t length,
+                               index_t b0 = 0, index_t sequences = -1, index_t first = 0) const {
     return make_strided_view<const S, 4>(
-        b.data(), {batch_, kv_heads_, length, head_dim_},
+        buf.data() + (b0 * capacity_ + first) * kv_heads_ * head_dim_,
+        {sequences < 0 ? batch_ : sequences, kv_heads_, length, head_dim_},
         {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
   }
 
