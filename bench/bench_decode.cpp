@@ -4,7 +4,9 @@
 // against fp32 K/V.
 //
 // BM_read_ceiling: a vectorized sum over a 1 GiB buffer (far beyond the last-level cache),
-// split over `threads` of alibi's pool: the bytes per second a streaming kernel can read.
+// split over `threads` of alibi's pool: the bytes per second a streaming kernel can read
+// (stream_sum: eight packet accumulators; before 2026-12-03's seventh session, Eigen's sum(),
+// which read about a fifth less on this project's guest).
 // BM_decode_kv: one query token (32 query heads, D 128) against k_len cached keys (1024: with
 // 8 KV heads, 4 MiB of fp16/bf16 K/V or 8 MiB of fp32, which a last-level cache of that size
 // keeps between calls, so the time is mostly the step's arithmetic; 32768: from memory;
@@ -79,8 +81,27 @@ void with_kv_type(std::int64_t code, F&& f) {
   }
 }
 
-/// Sum of n floats with Eigen's packets (several independent accumulators).
-float stream_sum(const float* p, index_t n) { return Eigen::Map<const Eigen::ArrayXf>(p, n).sum(); }
+/// Sum of n floats: eight packet accumulators over the buffer front to back, then the tail.
+/// Why not Eigen's sum(): on this project's Zen 5 guest, one thread over 1 GiB, Eigen's sum
+/// read 32-33 GB/s and its speed moved with code alignment (the same source compiled with
+/// -falign-functions=64 -falign-loops=32 read 41 in one build), while this loop read 40-41
+/// in every build; a ceiling must be the best streaming read, or the ratios against it
+/// flatter the kernels. The same loop with software prefetches 1-4 KiB ahead read 34-36.
+float stream_sum(const float* p, index_t n) {
+  namespace ei = Eigen::internal;
+  using alibi::detail::cpu::packet;
+  constexpr index_t lanes = alibi::detail::cpu::lanes, ways = 8;
+  packet acc[ways];
+  for (packet& a : acc) a = ei::pset1<packet>(0.0f);
+  index_t i = 0;
+  for (; i + ways * lanes <= n; i += ways * lanes)
+    for (index_t u = 0; u < ways; ++u)
+      acc[u] = ei::padd(acc[u], ei::ploadu<packet>(p + i + u * lanes));
+  for (index_t u = 1; u < ways; ++u) acc[0] = ei::padd(acc[0], acc[u]);
+  float sum = ei::predux(acc[0]);
+  for (; i < n; ++i) sum += p[i];
+  return sum;
+}
 
 /// The ceiling's buffer: 1 GiB of floats, far beyond the last-level cache.
 const aligned_vector<float>& ceiling_buffer() {
