@@ -86,7 +86,10 @@ void with_kv_type(std::int64_t code, F&& f) {
 /// read 32-33 GB/s and its speed moved with code alignment (the same source compiled with
 /// -falign-functions=64 -falign-loops=32 read 41 in one build), while this loop read 40-41
 /// in every build; a ceiling must be the best streaming read, or the ratios against it
-/// flatter the kernels. The same loop with software prefetches 1-4 KiB ahead read 34-36.
+/// flatter the kernels. With Ahead > 0 the loop also requests each line Ahead bytes ahead
+/// into L1 (prefetcht0 on x86), as the decode steps with half-precision K/V do: what such
+/// requests cost a plain stream (BM_read_prefetched).
+template <index_t Ahead = 0>
 float stream_sum(const float* p, index_t n) {
   namespace ei = Eigen::internal;
   using alibi::detail::cpu::packet;
@@ -94,9 +97,15 @@ float stream_sum(const float* p, index_t n) {
   packet acc[ways];
   for (packet& a : acc) a = ei::pset1<packet>(0.0f);
   index_t i = 0;
-  for (; i + ways * lanes <= n; i += ways * lanes)
+  for (; i + ways * lanes <= n; i += ways * lanes) {
+    if constexpr (Ahead > 0) {
+      const char* const ahead = reinterpret_cast<const char*>(p + i) + Ahead;
+      for (index_t line = 0; line < ways * lanes * 4; line += 64)
+        __builtin_prefetch(ahead + line, 0, 3);
+    }
     for (index_t u = 0; u < ways; ++u)
       acc[u] = ei::padd(acc[u], ei::ploadu<packet>(p + i + u * lanes));
+  }
   for (index_t u = 1; u < ways; ++u) acc[0] = ei::padd(acc[0], acc[u]);
   float sum = ei::predux(acc[0]);
   for (; i < n; ++i) sum += p[i];
@@ -109,8 +118,9 @@ const aligned_vector<float>& ceiling_buffer() {
   return buf;
 }
 
-/// One sum over the ceiling's buffer split over `threads` threads: its bytes per second and
-/// the seconds it took.
+/// One sum over the ceiling's buffer split over `threads` threads (stream_sum<Ahead>): its
+/// bytes per second and the seconds it took.
+template <index_t Ahead = 0>
 std::pair<double, double> ceiling_sample(int threads) {
   const aligned_vector<float>& buf = ceiling_buffer();
   const auto n = static_cast<index_t>(buf.size());
@@ -118,7 +128,7 @@ std::pair<double, double> ceiling_sample(int threads) {
   const auto t0 = std::chrono::steady_clock::now();
   alibi::detail::parallel_for(threads, threads, [&](index_t t) {
     const index_t chunk = n / threads;
-    partial[static_cast<std::size_t>(t)] = stream_sum(buf.data() + t * chunk, chunk);
+    partial[static_cast<std::size_t>(t)] = stream_sum<Ahead>(buf.data() + t * chunk, chunk);
   });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   benchmark::DoNotOptimize(partial.data());
@@ -143,6 +153,15 @@ void BM_read_ceiling(benchmark::State& state) {
   double rate = 0;
   for (auto _ : state) rate = read_ceiling(threads);
   state.counters["GB/s"] = rate / 1e9;
+}
+
+// The ceiling's sum with a software prefetch of every line 2 KiB ahead: median of 5.
+void BM_read_prefetched(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  std::vector<double> rates;
+  for (auto _ : state)
+    for (int rep = 0; rep < 5; ++rep) rates.push_back(ceiling_sample<2048>(threads).first);
+  state.counters["GB/s"] = median(rates) / 1e9;
 }
 
 /// K and V of shape (1, Hkv, Lk, 128) in storage type T, shared across benchmarks.
@@ -332,6 +351,7 @@ void BM_small_products(benchmark::State& state) {
 }
 
 BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
+BENCHMARK(BM_read_prefetched)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1}});
 BENCHMARK(BM_decode_kv)
     ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1, 2}, {1, 2}})
