@@ -7,6 +7,8 @@
 // split over `threads` of alibi's pool: the bytes per second a streaming kernel can read
 // (stream_sum: eight packet accumulators; before 2026-12-03's seventh session, Eigen's sum(),
 // which read about a fifth less on this project's guest).
+// BM_read_prefetched: the same sum with a software prefetch of every line 2 KiB ahead, as
+// the decode steps with half-precision K/V request their next tile: what such requests cost.
 // BM_decode_kv: one query token (32 query heads, D 128) against k_len cached keys (1024: with
 // 8 KV heads, 4 MiB of fp16/bf16 K/V or 8 MiB of fp32, which a last-level cache of that size
 // keeps between calls, so the time is mostly the step's arithmetic; 32768: from memory;
@@ -100,8 +102,11 @@ float stream_sum(const float* p, index_t n) {
   for (; i + ways * lanes <= n; i += ways * lanes) {
     if constexpr (Ahead > 0) {
       const char* const ahead = reinterpret_cast<const char*>(p + i) + Ahead;
-      for (index_t line = 0; line < ways * lanes * 4; line += 64)
+      constexpr auto bytes = static_cast<index_t>(ways * lanes * sizeof(float));
+      for (index_t line = 0; line < bytes; line += 64) {
         __builtin_prefetch(ahead + line, 0, 3);
+        asm volatile("");  // keeps every request (kv_tiles.hpp says why)
+      }
     }
     for (index_t u = 0; u < ways; ++u)
       acc[u] = ei::padd(acc[u], ei::ploadu<packet>(p + i + u * lanes));
