@@ -69,7 +69,7 @@ class kv_cache {
     ops::resize(v_, n);
     lengths_.assign(static_cast<std::size_t>(batch), 0);
     if constexpr (keeps_norms) {
-      blocks_ = (capacity + key_norm_block - 1) / key_norm_block;
+      blocks_ = norm_blocks(capacity);
       norms_.assign(static_cast<std::size_t>(batch * kv_heads * blocks_), 0.0f);
     }
   }
@@ -132,11 +132,20 @@ class kv_cache {
     for (index_t n : lengths_) m = std::max(m, n);
     return m;
   }
+  /// The key-norm blocks that `length` keys take.
+  static index_t norm_blocks(index_t length) {
+    return (length + key_norm_block - 1) / key_norm_block;
+  }
+  /// (sequences, kv_heads, blocks) view of the key-norm bounds from `base` (a sequence's
+  /// first bound) on: the one spelling of their layout.
+  template <class F>
+  tensor_view<F, 3> norm_layout(F* base, index_t sequences, index_t blocks) const {
+    return make_strided_view<F, 3>(base, {sequences, kv_heads_, blocks},
+                                   {kv_heads_ * blocks_, blocks_, 1});
+  }
   tensor_view<const float, 3> norm_bounds(index_t length) const {
     static_assert(keeps_norms, "key-norm bounds are kept on the eigen backend");
-    return make_strided_view<const float, 3>(
-        norms_.data(), {batch_, kv_heads_, (length + key_norm_block - 1) / key_norm_block},
-        {kv_heads_ * blocks_, blocks_, 1});
+    return norm_layout(norms_.data(), batch_, norm_blocks(length));
   }
   /// Sequence b's key-norm bounds after its keys changed from key `from` on, for its first
   /// `length` keys, and zeroes the blocks past them. After an append (`appended`: keys
@@ -148,7 +157,7 @@ class kv_cache {
   void refresh_norms(index_t b, index_t from, index_t length, bool appended = false) {
     if constexpr (keeps_norms) {
       float* nb = norms_.data() + b * kv_heads_ * blocks_;
-      const index_t used = (length + key_norm_block - 1) / key_norm_block;
+      const index_t used = norm_blocks(length);
       // Keys [first, first + n) of sequence b: (1, kv_heads, n, head_dim).
       auto keys = [&](index_t first, index_t n) { return view(k_, n, b, 1, first); };
       index_t start = from;
@@ -166,10 +175,7 @@ class kv_cache {
       // Blocks from start's on: after an append, those holding new keys only; after a
       // truncation, also the one the new length ends in (its keys past it are gone).
       if (appended ? start < length : start / key_norm_block < used)
-        ops::key_norm_bounds(keys(0, length),
-                             make_strided_view<float, 3>(nb, {1, kv_heads_, used},
-                                                         {kv_heads_ * blocks_, blocks_, 1}),
-                             start);
+        ops::key_norm_bounds(keys(0, length), norm_layout(nb, 1, used), start);
       for (index_t h = 0; h < kv_heads_; ++h)
         std::fill(nb + h * blocks_ + used, nb + (h + 1) * blocks_, 0.0f);
     }
