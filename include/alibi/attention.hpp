@@ -14,6 +14,7 @@
 #include "alibi/backend/fwd.hpp"
 #include "alibi/config.hpp"
 #include "alibi/error.hpp"
+#include "alibi/key_blocks.hpp"
 #include "alibi/problem.hpp"
 #include "alibi/tensor_view.hpp"
 
@@ -341,6 +342,11 @@ struct attention_tensors {
   tensor_view<const TKV, 4> k;  // (B, Hkv, Lk, D)
   tensor_view<const TKV, 4> v;  // (B, Hkv, Lk, Dv)
   tensor_view<TO, 4> out;       // (B, Hq, Lq, Dv)
+  /// K in blocks (key_blocks.hpp), when the call passed it so: (B, Hkv, ceil(Lk / 16), D,
+  /// 16). k then gives only the shape (its data is never read). Default: extents 0.
+  tensor_view<const TKV, 5> k_blocks{};
+
+  bool keys_in_blocks() const { return k_blocks.extents[4] != 0; }
 };
 
 /// The one argument check of alibi::attention and alibi::can_implement: the contract
@@ -359,6 +365,40 @@ status prepare(const Backend& backend, const tensor_view<TQ, 4>& q, const tensor
   t.v = v;
   t.out = out;
   return attention_impl<Backend>::can_implement(backend, prob, t);
+}
+
+/// prepare() for K in blocks (key_blocks.hpp): the blocks' own shape and layout, then the
+/// contract with K's logical shape (batch, kv_heads, k_len, head_dim), k_len from v.
+template <class Backend, class TQ, class TK, class TV, class TO, class Isa>
+status prepare(const Backend& backend, const tensor_view<TQ, 4>& q,
+               const tensor_view<TK, 5>& k_blocks, const tensor_view<TV, 4>& v,
+               const tensor_view<TO, 4>& out, const attention_params& params,
+               attention_problem& prob,
+               attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa>& t) {
+  static_assert(reads_host_memory<Backend>,
+                "alibi::attention: keys in blocks (alibi/key_blocks.hpp) are read by the CPU "
+                "backends (eigen, reference); pass K as a (batch, kv_heads, k_len, head_dim) view");
+  const char* fn = "alibi::attention";
+  if (status s = check_view(fn, "k", k_blocks); !s) return s;
+  const index_t* e = k_blocks.extents;
+  const index_t lk = v.extents[2] < 0 ? 0 : v.extents[2];
+  if (e[2] != key_block_count(lk) || e[4] != keys_per_block)
+    return status::failure(
+        std::string(fn) +
+        ": k (keys in blocks) must have shape (batch, kv_heads, ceil(k_len / 16), head_dim, 16) "
+        "with k_len = v.extent(2) = " +
+        str(lk) + ", got (" + str(e[0]) + ", " + str(e[1]) + ", " + str(e[2]) + ", " + str(e[3]) +
+        ", " + str(e[4]) + ")");
+  if (k_blocks.strides[4] != 1 || (e[3] > 1 && k_blocks.strides[3] != keys_per_block))
+    return status::failure(std::string(fn) +
+                           ": k (keys in blocks) must have contiguous blocks: stride(4) 1 and "
+                           "stride(3) 16, got " +
+                           str(k_blocks.strides[4]) + " and " + str(k_blocks.strides[3]));
+  // K's logical shape for the contract's checks; the backends read k_blocks.
+  const auto shape = make_strided_view<TK, 4>(k_blocks.data, {e[0], e[1], lk, e[3]},
+                                              {k_blocks.strides[0], k_blocks.strides[1], 0, 1});
+  t.k_blocks = k_blocks;
+  return prepare(backend, q, shape, v, out, params, prob, t);
 }
 
 }  // namespace detail
@@ -384,6 +424,34 @@ void attention(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> 
   detail::attention_problem prob;
   detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa> t;
   detail::prepare(backend, q, k, v, out, params, prob, t).throw_if_failed();
+  detail::attention_impl<Backend>::run(backend, prob, t);
+}
+
+/// can_implement for K in blocks (alibi/key_blocks.hpp).
+template <class Backend, class TQ, class TK, class TV, class TO, class Isa = detail::isa_tag>
+status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 5> k_blocks,
+                     tensor_view<TV, 4> v, tensor_view<TO, 4> out,
+                     const attention_params& params = {}) {
+  detail::attention_problem prob;
+  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa> t;
+  return detail::prepare(backend, q, k_blocks, v, out, params, prob, t);
+}
+
+/// ALiBi attention with K in blocks of keys_per_block keys (alibi/key_blocks.hpp):
+/// k_blocks (batch, kv_heads, ceil(k_len / 16), head_dim, 16), each block a contiguous
+/// row-major (head_dim, 16) matrix, k_len taken from v. The same contract and results as
+/// with K as a (batch, kv_heads, k_len, head_dim) view, under the tolerance rule (the eigen
+/// backend's decode products sum each score in another order). On the eigen backend a
+/// decode step reads such K faster (the README's decode section); other calls convert each
+/// key tile. The CPU backends only. Keys past a sequence's length (k_len, k_lengths) that
+/// share a block with its last key may hold anything, NaN included: they are read with
+/// their block but never used.
+template <class Backend, class TQ, class TK, class TV, class TO, class Isa = detail::isa_tag>
+void attention(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 5> k_blocks,
+               tensor_view<TV, 4> v, tensor_view<TO, 4> out, const attention_params& params = {}) {
+  detail::attention_problem prob;
+  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa> t;
+  detail::prepare(backend, q, k_blocks, v, out, params, prob, t).throw_if_failed();
   detail::attention_impl<Backend>::run(backend, prob, t);
 }
 

@@ -25,11 +25,12 @@ inline constexpr bool is_cpu_kv_type =
 inline namespace ALIBI_CPU_ISA {
 
 /// The fused forward of one checked call (attention_kernel.hpp; compiled in alibi::kernels
-/// for TKV = float, Eigen::half and Eigen::bfloat16).
+/// for TKV = float, Eigen::half and Eigen::bfloat16). k_blocks: K in blocks
+/// (key_blocks.hpp) when its extents are not 0; k then gives only the shape.
 template <class TKV>
 void attention_kernel(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,
                       const tensor_view<const TKV, 4>& k, const tensor_view<const TKV, 4>& v,
-                      const tensor_view<float, 4>& out);
+                      const tensor_view<float, 4>& out, const tensor_view<const TKV, 5>& k_blocks);
 
 /// merge_partials on the thread pool (attention_kernel.hpp; compiled in alibi::kernels for
 /// T = float and double, the output types a program merges: other types need the header-only
@@ -60,7 +61,7 @@ struct attention_impl<backend::eigen> {
   static void run(const backend::eigen& be, const attention_problem& p,
                   const attention_tensors<TQ, TKV, TO, Isa>& t) {
     if constexpr (implemented<TQ, TKV, TO>)
-      cpu::attention_kernel<TKV>(be.threads, p, t.q, t.k, t.v, t.out);
+      cpu::attention_kernel<TKV>(be.threads, p, t.q, t.k, t.v, t.out, t.k_blocks);
   }
 
   template <class T>
@@ -83,17 +84,18 @@ extern template void attention_kernel<float>(int, const attention_problem&,
                                              const tensor_view<const float, 4>&,
                                              const tensor_view<const float, 4>&,
                                              const tensor_view<const float, 4>&,
-                                             const tensor_view<float, 4>&);
+                                             const tensor_view<float, 4>&,
+                                             const tensor_view<const float, 5>&);
 extern template void attention_kernel<Eigen::half>(int, const attention_problem&,
                                                    const tensor_view<const float, 4>&,
                                                    const tensor_view<const Eigen::half, 4>&,
                                                    const tensor_view<const Eigen::half, 4>&,
-                                                   const tensor_view<float, 4>&);
-extern template void attention_kernel<Eigen::bfloat16>(int, const attention_problem&,
-                                                       const tensor_view<const float, 4>&,
-                                                       const tensor_view<const Eigen::bfloat16, 4>&,
-                                                       const tensor_view<const Eigen::bfloat16, 4>&,
-                                                       const tensor_view<float, 4>&);
+                                                   const tensor_view<float, 4>&,
+                                                   const tensor_view<const Eigen::half, 5>&);
+extern template void attention_kernel<Eigen::bfloat16>(
+    int, const attention_problem&, const tensor_view<const float, 4>&,
+    const tensor_view<const Eigen::bfloat16, 4>&, const tensor_view<const Eigen::bfloat16, 4>&,
+    const tensor_view<float, 4>&, const tensor_view<const Eigen::bfloat16, 5>&);
 extern template void merge_kernel<float>(int, const partial_merge_args<float>&);
 extern template void merge_kernel<double>(int, const partial_merge_args<double>&);
 }  // namespace ALIBI_CPU_ISA

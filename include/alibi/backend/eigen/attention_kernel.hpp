@@ -458,8 +458,11 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
   }
   if (!first) return;
   const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
-  small_scores(in_rows.data(), rows, k.data, k.ld, bk, d, out_rows.data(),
-               [&](index_t keys) { ahead.tick(keys); });
+  auto pace = [&](index_t keys) { ahead.tick(keys); };
+  if (k.blocked)
+    small_block_scores(in_rows.data(), rows, k.data, k.ld, k.offset, bk, d, out_rows.data(), pace);
+  else
+    small_scores(in_rows.data(), rows, k.data, k.ld, bk, d, out_rows.data(), pace);
 
   in_rows.clear();
   out_rows.clear();
@@ -557,16 +560,18 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
                    std::min(bk, it0.ue - next_j0));
       else
         ahead.plan_nothing();
-      if (!std::is_same<T, float>::value && !careful) {
+      if ((!std::is_same<T, float>::value || kv.blocked()) && !careful) {
         // Half-precision K/V: the products widen it in registers as they read it (a
         // converted copy would be written and read back, and the conversion loop would wait
-        // for memory with no arithmetic beside it).
+        // for memory with no arithmetic beside it). K in blocks: the products read the
+        // blocks in place (fp32 V too).
         const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(d)),
                              kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(dv))};
         small_tile(heads, done, q, unread, j0, careful, ldo, ahead, kv.rows(true, b, it0.hk, j0),
                    kv.rows(false, b, it0.hk, j0));
       } else {
-        // fp32 in place, or (careful path) half precision converted into fp32 tiles.
+        // fp32 rows in place, or (careful path) K in blocks or half precision converted
+        // into fp32 tiles.
         const kv_tile tile_kv = kv.tile(b, it0.hk, j0, n_keys);
         small_tile(heads, done, q, tile_kv, j0, careful, ldo, ahead,
                    tile_rows<float>{tile_kv.k.data(), tile_kv.k.outerStride()},
@@ -835,8 +840,8 @@ inline namespace ALIBI_CPU_ISA {
 template <class TKV>
 void attention_kernel(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,
                       const tensor_view<const TKV, 4>& k, const tensor_view<const TKV, 4>& v,
-                      const tensor_view<float, 4>& out) {
-  run(threads, p, q, kv_source<TKV>{k, v}, out);
+                      const tensor_view<float, 4>& out, const tensor_view<const TKV, 5>& k_blocks) {
+  run(threads, p, q, kv_source<TKV>{k, v, k_blocks}, out);
 }
 
 template <class T>

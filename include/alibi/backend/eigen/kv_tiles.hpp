@@ -16,6 +16,7 @@
 #include "alibi/backend/eigen/workspace.hpp"
 #include "alibi/config.hpp"
 #include "alibi/detail/far_tiles.hpp"
+#include "alibi/key_blocks.hpp"
 #include "alibi/tensor_view.hpp"
 
 namespace alibi {
@@ -57,11 +58,15 @@ struct kv_tile_buffers {
   }
 };
 
-/// Rows of a key tile in their storage type: row j at data + j * ld.
+/// Rows of a key tile in their storage type: row j at data + j * ld. Or, for K in blocks
+/// (`blocked`, key_blocks.hpp), the blocks that hold the tile's keys: block u (a row-major
+/// (D, 16) matrix) at data + u * ld, the tile's first key at lane `offset` of block 0.
 template <class T>
 struct tile_rows {
   const T* data;
   index_t ld;
+  bool blocked = false;
+  index_t offset = 0;
 };
 
 /// Requests the K and V rows of the next key tile from memory while the products work on
@@ -77,9 +82,9 @@ struct tile_rows {
 /// in one burst, 14.7 ms with its lines spread over the arithmetic.
 class paced_prefetch {
  public:
-  /// The rows to request: n rows of d elements from k, then n rows of dv elements from v.
-  /// They are spread over as many ticks as the last tile took, in pieces of at most
-  /// piece_lines lines.
+  /// The rows to request: the K rows of n keys (n rows of d elements, or the blocks that
+  /// hold them), then n rows of dv elements from v. They are spread over as many ticks as
+  /// the last tile took, in pieces of at most piece_lines lines.
   template <class T>
   void plan(tile_rows<T> k, index_t d, tile_rows<T> v, index_t dv, index_t n) {
     if (n <= 0) {
@@ -87,12 +92,16 @@ class paced_prefetch {
       return;
     }
     constexpr auto size = static_cast<index_t>(sizeof(T));
-    streams_[0] = {reinterpret_cast<const char*>(k.data), k.ld * size, (d * size + 63) / 64};
-    streams_[1] = {reinterpret_cast<const char*>(v.data), v.ld * size, (dv * size + 63) / 64};
-    n_ = n;
+    const index_t k_rows = k.blocked ? key_block_count(k.offset + n) : n;
+    const index_t k_width = k.blocked ? d * keys_per_block : d;
+    streams_[0] = {reinterpret_cast<const char*>(k.data), k.ld * size, (k_width * size + 63) / 64,
+                   k_rows};
+    streams_[1] = {reinterpret_cast<const char*>(v.data), v.ld * size, (dv * size + 63) / 64, n};
     start_stream(0);
-    auto pieces = [](const row_set& r) { return (r.lines + piece_lines - 1) / piece_lines; };
-    const index_t total = n * (pieces(streams_[0]) + pieces(streams_[1]));
+    auto pieces = [](const row_set& r) {
+      return r.rows * ((r.lines + piece_lines - 1) / piece_lines);
+    };
+    const index_t total = pieces(streams_[0]) + pieces(streams_[1]);
     // The first tile has no count yet: a piece per tick, the rest at finish().
     const index_t ticks = std::max<index_t>(last_ticks_, 1);
     group_ = last_ticks_ > 0 ? std::max<index_t>(1, (total + ticks - 1) / ticks) : 1;
@@ -103,7 +112,6 @@ class paced_prefetch {
 
   /// Nothing to request for the next tile (there is none, or the hardware prefetcher keeps up).
   void plan_nothing() {
-    n_ = 0;
     stream_ = 2;
     wait_ = max_wait;
     ticks_ = 0;
@@ -130,7 +138,7 @@ class paced_prefetch {
   static constexpr index_t piece_lines = 4;
   struct row_set {
     const char* data;
-    index_t ld, lines;
+    index_t ld, lines, rows;
   };
 
   void start_stream(index_t s) {
@@ -138,7 +146,7 @@ class paced_prefetch {
     line_ = 0;
     if (s < 2) {
       row_ = streams_[s].data;
-      left_ = n_;
+      left_ = streams_[s].rows;
     }
   }
 
@@ -180,17 +188,25 @@ class paced_prefetch {
 
   row_set streams_[2] = {};
   const char* row_ = nullptr;
-  index_t n_ = 0, stream_ = 2, left_ = 0, line_ = 0;
+  index_t stream_ = 2, left_ = 0, line_ = 0;
   index_t group_ = 1, period_ = 1, wait_ = max_wait, ticks_ = 0, last_ticks_ = 0;
 };
 
-/// K (B, Hkv, Lk, D) and V (B, Hkv, Lk, Dv) of a call in storage type T.
+/// K (B, Hkv, Lk, D) and V (B, Hkv, Lk, Dv) of a call in storage type T; K either as rows
+/// (k) or in blocks (kb: (B, Hkv, ceil(Lk / 16), D, 16), key_blocks.hpp; k then gives only
+/// the shape).
 template <class T>
 struct kv_source {
   tensor_view<const T, 4> k, v;
+  tensor_view<const T, 5> kb{};
 
-  /// The K (keys) or V rows of (b, hk) from key j0 on, in place.
+  bool blocked() const { return kb.extents[4] != 0; }
+
+  /// The K (keys) or V rows of (b, hk) from key j0 on, in place (K in blocks: the blocks
+  /// from the one holding j0 on).
   tile_rows<T> rows(bool keys, index_t b, index_t hk, index_t j0) const {
+    if (keys && blocked())
+      return {kb.ptr(b, hk, j0 / keys_per_block), kb.strides[2], true, j0 % keys_per_block};
     const tensor_view<const T, 4>& t = keys ? k : v;
     return {t.ptr(b, hk, j0), t.strides[2]};
   }
@@ -200,8 +216,15 @@ struct kv_source {
   kv_tile tile(index_t b, index_t hk, index_t j0, index_t bk) const {
     const index_t d = k.extents[3], dv = v.extents[3];
     if constexpr (std::is_same<T, float>::value) {
-      return {kv_rows_map(k.ptr(b, hk, j0), bk, d, Eigen::OuterStride<>(k.strides[2])),
-              kv_rows_map(v.ptr(b, hk, j0), bk, dv, Eigen::OuterStride<>(v.strides[2]))};
+      const kv_rows_map vm(v.ptr(b, hk, j0), bk, dv, Eigen::OuterStride<>(v.strides[2]));
+      if (blocked()) {  // K in blocks: transposed into rows, V in place
+        kv_tile_buffers& buf = kv_tile_buffers::local();
+        const index_t ldk = padded_stride(std::max<index_t>(d, 1));
+        buf.k.reserve(static_cast<std::size_t>(kernel_config::block_k * ldk));
+        to_floats(true, b, hk, j0, bk, buf.k.data(), ldk);
+        return {kv_rows_map(buf.k.data(), bk, d, Eigen::OuterStride<>(ldk)), vm};
+      }
+      return {kv_rows_map(k.ptr(b, hk, j0), bk, d, Eigen::OuterStride<>(k.strides[2])), vm};
     } else {
       kv_tile_buffers& buf = kv_tile_buffers::local();
       // Padded leading dimensions keep every row 64-byte aligned, like the workspace.
@@ -219,6 +242,21 @@ struct kv_source {
   /// The K (keys) or V rows [j0, j0 + n) of (b, hk) as floats into dst (leading dimension ld).
   void to_floats(bool keys, index_t b, index_t hk, index_t j0, index_t n, float* dst,
                  index_t ld) const {
+    if (keys && blocked()) {
+      // Block by block: element e of the block's keys is a contiguous run of 16, written
+      // down a column of dst.
+      const index_t d = kb.extents[3];
+      for (index_t j = j0; j < j0 + n;) {
+        const index_t u = j % keys_per_block, m = std::min(keys_per_block - u, j0 + n - j);
+        const T* blk = kb.ptr(b, hk, j / keys_per_block);
+        float* out = dst + (j - j0) * ld;
+        for (index_t e = 0; e < d; ++e)
+          for (index_t i = 0; i < m; ++i)
+            out[i * ld + e] = static_cast<float>(blk[e * keys_per_block + u + i]);
+        j += m;
+      }
+      return;
+    }
     const tensor_view<const T, 4>& t = keys ? k : v;
     for (index_t j = 0; j < n; ++j) to_float(t.ptr(b, hk, j0 + j), dst + j * ld, t.extents[3]);
   }
@@ -258,9 +296,36 @@ struct kv_source {
   template <class Excluded>
   float norm_bound(index_t b, index_t hk, index_t j0, index_t j1, Excluded&& excluded) const {
     float worst = 0.0f;
-    for (index_t j = j0; j < j1; ++j)
-      if (!excluded(j)) worst = max_keep_nan(worst, key_squared_norm(b, hk, j));
+    if (blocked()) {
+      float sq[keys_per_block];
+      for (index_t j = j0; j < j1;) {
+        const index_t u = j % keys_per_block, m = std::min(keys_per_block - u, j1 - j);
+        block_squared_norms(b, hk, j / keys_per_block, sq);
+        for (index_t i = 0; i < m; ++i)
+          if (!excluded(j + i)) worst = max_keep_nan(worst, sq[u + i]);
+        j += m;
+      }
+    } else {
+      for (index_t j = j0; j < j1; ++j)
+        if (!excluded(j)) worst = max_keep_nan(worst, key_squared_norm(b, hk, j));
+    }
     return key_norm_bound(worst, k.extents[3]);
+  }
+
+  /// |k_j|^2 of the 16 keys of block t of (b, hk) (K in blocks) into sq: each key's lane
+  /// accumulates its elements in ascending order, a packet of keys at a time.
+  void block_squared_norms(index_t b, index_t hk, index_t t, float* sq) const {
+    namespace ei = Eigen::internal;
+    constexpr int per_block = static_cast<int>(keys_per_block / lanes);
+    const T* blk = kb.ptr(b, hk, t);
+    packet acc[per_block];
+    for (int c = 0; c < per_block; ++c) acc[c] = ei::pset1<packet>(0.0f);
+    for (index_t e = 0; e < kb.extents[3]; ++e)
+      for (int c = 0; c < per_block; ++c) {
+        const packet x = load_floats(blk + e * keys_per_block + c * lanes);
+        acc[c] = ei::pmadd(x, x, acc[c]);
+      }
+    for (int c = 0; c < per_block; ++c) ei::pstoreu(sq + c * lanes, acc[c]);
   }
 };
 

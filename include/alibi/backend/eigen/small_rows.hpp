@@ -17,6 +17,7 @@
 #include <Eigen/Core>
 
 #include "alibi/backend/eigen/simd.hpp"
+#include "alibi/key_blocks.hpp"
 #include "alibi/tensor_view.hpp"
 
 namespace alibi {
@@ -349,6 +350,83 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
   for (; t + 4 <= m; t += 4) scores_rows<4, 2>(q + t, k, ldk, bk, d, s + t, pace);
   for (; t + 2 <= m; t += 2) scores_rows<2, 4>(q + t, k, ldk, bk, d, s + t, pace);
   for (; t < m; ++t) scores_rows<1, 8>(q + t, k, ldk, bk, d, s + t, pace);
+}
+
+/// s[t][r] = q[t] . k_r for R rows and the keys r of the NB blocks from block u of a tile of
+/// K in blocks (key_blocks.hpp; block u at k + u * ldk, a row-major (d, 16) matrix): lane i
+/// of block u is the tile's key r = 16 u + i - off (off: the lane of its first key), stored
+/// when r is in [0, bk). Each block's 16 scores of a row are the lanes of P = 16 / lanes
+/// accumulators: element e of the 16 keys, one contiguous run, times q[t][e] broadcast,
+/// elements in ascending order. So a score is a chain of FMAs over e that depends on nothing
+/// but its own row and key (not on R, NB or the rows beside it), there are no horizontal
+/// sums, and each K packet is loaded (and widened) once for all R rows. pace(2 NB) before
+/// every 16 elements.
+template <int R, int NB, class T, class Pace>
+ALIBI_FORCEINLINE void block_scores(const float* const* q, const T* k, index_t ldk, index_t u,
+                                    index_t off, index_t bk, index_t d, float* const* s,
+                                    Pace& pace) {
+  namespace ei = Eigen::internal;
+  constexpr int P = static_cast<int>(keys_per_block / lanes);
+  packet acc[R][NB * P];
+  for (int t = 0; t < R; ++t)
+    for (int c = 0; c < NB * P; ++c) acc[t][c] = ei::pset1<packet>(0.0f);
+  const T* kp[NB];
+  for (int i = 0; i < NB; ++i) kp[i] = k + (u + i) * ldk;
+  for (index_t e = 0; e < d; ++e) {
+    if (e % 16 == 0) pace(2 * NB);
+    packet x[NB * P];
+    for (int i = 0; i < NB; ++i)
+      for (int c = 0; c < P; ++c)
+        x[i * P + c] = R > 1 ? load_shared(kp[i] + e * keys_per_block + c * lanes)
+                             : load_floats(kp[i] + e * keys_per_block + c * lanes);
+    for (int t = 0; t < R; ++t) {
+      const packet qe = ei::pset1<packet>(q[t][e]);
+      for (int c = 0; c < NB * P; ++c) acc[t][c] = ei::pmadd(qe, x[c], acc[t][c]);
+    }
+  }
+  const index_t r0 = u * keys_per_block - off;  // the tile's key in lane 0 of block u
+  const bool whole = r0 >= 0 && r0 + NB * keys_per_block <= bk;
+  for (int t = 0; t < R; ++t) {
+    if (whole) {
+      for (int c = 0; c < NB * P; ++c) ei::pstoreu(s[t] + r0 + c * lanes, acc[t][c]);
+    } else {
+      alignas(64) float all[NB * keys_per_block];
+      for (int c = 0; c < NB * P; ++c) ei::pstore(all + c * lanes, acc[t][c]);
+      for (index_t i = std::max<index_t>(0, -r0); i < NB * keys_per_block && r0 + i < bk; ++i)
+        s[t][r0 + i] = all[i];
+    }
+  }
+}
+
+/// s[t][r] = q[t] . k_r for R rows and the keys r < bk of a tile of K in blocks whose first
+/// key is lane off of block 0, from block u on: NB blocks at a time, then the last ones
+/// NB / 2, NB / 4, ... at a time.
+template <int R, int NB, class T, class Pace>
+void block_scores_rows(const float* const* q, const T* k, index_t ldk, index_t u, index_t off,
+                       index_t bk, index_t d, float* const* s, Pace& pace) {
+  static_assert((NB & (NB - 1)) == 0, "blocks at a time: a power of 2");
+  const index_t blocks = key_block_count(off + bk);
+  for (; u + NB <= blocks; u += NB) block_scores<R, NB>(q, k, ldk, u, off, bk, d, s, pace);
+  if constexpr (NB > 1) block_scores_rows<R, NB / 2>(q, k, ldk, u, off, bk, d, s, pace);
+}
+
+/// small_scores for K in blocks (k: the block holding the tile's first key, at lane off;
+/// block u at k + u * ldk): rows 4, 2 or 1 at a time, with as many blocks at a time as make
+/// about half the vector registers of accumulators (each a chain over the head dimension).
+/// Measured on 4 rows of a 128-key tile in L1 with D 128 (AVX-512), against small_scores on
+/// rows: fp16 905 -> 596 ns, bf16 864 -> 601, fp32 923 -> 641; one row: fp16 477 -> 310,
+/// fp32 623 -> 271.
+template <class T, class Pace>
+void small_block_scores(const float* const* q, index_t m, const T* k, index_t ldk, index_t off,
+                        index_t bk, index_t d, float* const* s, Pace&& pace) {
+  constexpr int P = static_cast<int>(keys_per_block / lanes);
+  constexpr int chains = vector_registers / 2;
+  constexpr int nb4 = std::clamp(chains / (4 * P), 1, 8), nb2 = std::clamp(chains / (2 * P), 1, 8),
+                nb1 = std::clamp(chains / P, 1, 8);
+  index_t t = 0;
+  for (; t + 4 <= m; t += 4) block_scores_rows<4, nb4>(q + t, k, ldk, 0, off, bk, d, s + t, pace);
+  for (; t + 2 <= m; t += 2) block_scores_rows<2, nb2>(q + t, k, ldk, 0, off, bk, d, s + t, pace);
+  for (; t < m; ++t) block_scores_rows<1, nb1>(q + t, k, ldk, 0, off, bk, d, s + t, pace);
 }
 
 /// o[t][c * lanes, (c + C) * lanes) += sum over keys j in [jb, je) of p[t][j] v_j for R rows:

@@ -50,7 +50,21 @@ struct attention_impl<backend::reference> {
   template <class TQ, class TKV, class TO, class Isa>
   static void run(const backend::reference&, const attention_problem& p,
                   const attention_tensors<TQ, TKV, TO, Isa>& t) {
-    if constexpr (implemented<TQ, TKV, TO>) compute(p, t.q, t.k, t.v, t.out);
+    if constexpr (implemented<TQ, TKV, TO>) {
+      if (!t.keys_in_blocks()) {
+        compute(p, t.q, t.k, t.v, t.out);
+        return;
+      }
+      // K in blocks: the oracle reads a row-major copy (exact, any element type).
+      std::vector<TKV> rows(static_cast<std::size_t>(p.batch * p.kv_heads * p.k_len * p.head_dim));
+      const auto k = make_view(rows.data(), p.batch, p.kv_heads, p.k_len, p.head_dim);
+      for (index_t b = 0; b < p.batch; ++b)
+        for (index_t h = 0; h < p.kv_heads; ++h)
+          for (index_t j = 0; j < p.k_len; ++j)
+            for (index_t e = 0; e < p.head_dim; ++e)
+              k(b, h, j, e) = t.k_blocks(b, h, j / keys_per_block, e, j % keys_per_block);
+      compute(p, t.q, tensor_view<const TKV, 4>(k), t.v, t.out);
+    }
   }
 
   template <class T>

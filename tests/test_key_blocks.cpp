@@ -1,0 +1,305 @@
+// SPDX-License-Identifier: MIT
+// K in blocks (alibi/key_blocks.hpp): the eigen backend against the double-precision oracle
+// on the shared grid (fp32, fp16 and bf16 storage), the reference reading blocks exactly,
+// thread-count independence, the GQA grouping of small calls, and the argument checks.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <Eigen/Core>
+#include <catch2/catch.hpp>
+
+#include "backends.hpp"
+#include "common.hpp"
+
+using alibi::index_t;
+using alibi_test::case_data;
+using alibi_test::case_spec;
+using alibi_test::padded_tensor;
+
+namespace {
+
+/// K of a case in blocks of T, in a buffer of NaN: gaps between blocks, heads and batch
+/// entries and guards at both ends, so that a read outside the blocks' keys meets NaN. The
+/// keys (NaN past the lengths, as in the case) are written with store_key_blocks; the lanes
+/// of a last block past k_len stay NaN.
+template <class T>
+struct blocked_keys {
+  static constexpr index_t guard = 41;
+  std::vector<T> buf;
+  alibi::tensor_view<T, 5> view;
+
+  explicit blocked_keys(const padded_tensor<float>& k) {
+    const index_t B = k.view.extents[0], H = k.view.extents[1], L = k.view.extents[2],
+                  D = k.view.extents[3];
+    const index_t nb = alibi::key_block_count(L);
+    const index_t sblk = D * alibi::keys_per_block + 16, sh = nb * sblk + 32, sb = H * sh + 48;
+    buf.assign(static_cast<std::size_t>(2 * guard + B * sb),
+               static_cast<T>(std::numeric_limits<float>::quiet_NaN()));
+    view = alibi::make_strided_view<T, 5>(buf.data() + guard, {B, H, nb, D, alibi::keys_per_block},
+                                          {sb, sh, sblk, alibi::keys_per_block, 1});
+    alibi::store_key_blocks(alibi::tensor_view<const float, 4>(k.view), view);
+  }
+  alibi::tensor_view<const T, 5> cview() const { return view; }
+};
+
+template <class T>
+void round_to(padded_tensor<float>& t) {
+  for (float& x : t.buf) x = static_cast<float>(static_cast<T>(x));
+}
+
+/// A T copy of t with the same geometry (NaN stays NaN).
+template <class T>
+padded_tensor<T> converted(const padded_tensor<float>& t, const case_spec& s) {
+  padded_tensor<T> r(t.view.extents[0], t.view.extents[1], t.view.extents[2], t.view.extents[3],
+                     s.bshd, static_cast<T>(t.fill), 3, s.aligned ? 8 : 5);
+  for (std::size_t e = 0; e < t.buf.size(); ++e) r.buf[e] = static_cast<T>(t.buf[e]);
+  return r;
+}
+
+struct run_result {
+  std::vector<float> out, lse;
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// The eigen backend on c's q, K in blocks and V (rows) in T; out and lse dense.
+template <class T>
+run_result run_blocked(const case_data& c, const blocked_keys<T>& kb,
+                       const alibi::tensor_view<const T, 4>& v, int threads, bool skip = true) {
+  const case_spec& s = c.spec;
+  run_result r;
+  r.out.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0f);
+  r.lse.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq), 0.0f);
+  alibi::attention_params p = c.params;
+  p.skip_far_tiles = skip;
+  p.logsumexp = alibi::make_view(r.lse.data(), s.batch, s.hq, s.lq);
+  alibi::attention(alibi::backend::eigen{threads}, c.q.view, kb.cview(), v,
+                   alibi::make_view(r.out.data(), s.batch, s.hq, s.lq, s.v_dim()), p);
+  return r;
+}
+
+/// The grid case with K/V rounded to T (exact for float) and K in blocks: the eigen
+/// backend against the oracle and the naive fp32 computation on the same values, under the
+/// fp32 tolerance rule; out and lse padded with guards.
+template <class T>
+alibi_test::comparison check_blocked(const case_spec& spec, int threads) {
+  case_data c(spec);
+  round_to<T>(c.k);
+  round_to<T>(c.v);
+  const blocked_keys<T> kb(c.k);
+  const padded_tensor<T> vt = converted<T>(c.v, spec);
+  const alibi_test::oracle_result ref = alibi_test::run_oracle(c);
+  const alibi_test::naive_result naive = alibi_test::run_naive_fp32(c);
+  padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.v_dim(), spec.bshd, 1234.5f);
+  std::vector<float> lse(static_cast<std::size_t>(spec.batch * spec.hq * spec.lq + 1), 1234.5f);
+  alibi::attention_params p = c.params;
+  p.logsumexp = alibi::make_view(lse.data(), spec.batch, spec.hq, spec.lq);
+  alibi::attention(alibi::backend::eigen{threads}, c.q.view, kb.cview(),
+                   alibi::tensor_view<const T, 4>(vt.view), out.view, p);
+  alibi_test::comparison r = alibi_test::compare(c, ref, naive, out, lse);
+  if (lse.back() != 1234.5f) ++r.guard_writes;
+  return r;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("eigen backend with K in blocks matches the reference on the grid",
+                   "[eigen][key_blocks][grid][heavy]", float, Eigen::half, Eigen::bfloat16) {
+  std::vector<case_spec> cases = alibi_test::grid_cases();
+  for (const case_spec& s : alibi_test::scale_cases()) cases.push_back(s);
+  cases.push_back(alibi_test::value_dim_case());
+  // Small calls whose tiles start inside a block (windows put a row's first key anywhere),
+  // with GQA, lengths, offsets, and a key split (4099 keys).
+  std::uint64_t seed = 900;
+  for (index_t lq : {1, 5, 16})
+    for (index_t wl : {37, 1001}) {
+      case_spec c;
+      c.lq = lq, c.lk = lq == 5 ? 4099 : 1500, c.d = lq == 16 ? 72 : 128;
+      c.hq = 8, c.hkv = lq == 1 ? 8 : 2, c.batch = 3;
+      c.causal = lq != 5;
+      c.window_left = wl, c.window_right = c.causal ? -1 : 9;
+      c.lengths = true, c.key_mask = lq == 16, c.offsets = lq == 1;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  for (const case_spec& spec : cases) {
+    INFO(spec.name());
+    const alibi_test::comparison r = check_blocked<TestType>(spec, 2);
+    INFO(r.describe());
+    CHECK(r.ok());
+  }
+}
+
+TEMPLATE_TEST_CASE("reference backend reads K in blocks exactly", "[reference][key_blocks]", float,
+                   Eigen::half) {
+  case_spec spec;
+  spec.batch = 2, spec.hq = 4, spec.hkv = 2, spec.lq = 9, spec.lk = 40, spec.d = 16;
+  spec.causal = true, spec.key_mask = true, spec.lengths = true;
+  case_data c(spec);
+  round_to<TestType>(c.k);
+  round_to<TestType>(c.v);
+  const padded_tensor<TestType> kt = converted<TestType>(c.k, spec),
+                                vt = converted<TestType>(c.v, spec);
+  const blocked_keys<TestType> kb(c.k);
+  std::vector<double> rows(static_cast<std::size_t>(spec.batch * spec.hq * spec.lq * spec.d));
+  std::vector<double> blocks(rows.size(), 1.0);
+  const auto v = alibi::tensor_view<const TestType, 4>(vt.view);
+  alibi::attention(alibi::backend::reference{}, c.q.view,
+                   alibi::tensor_view<const TestType, 4>(kt.view), v,
+                   alibi::make_view(rows.data(), spec.batch, spec.hq, spec.lq, spec.d), c.params);
+  alibi::attention(alibi::backend::reference{}, c.q.view, kb.cview(), v,
+                   alibi::make_view(blocks.data(), spec.batch, spec.hq, spec.lq, spec.d), c.params);
+  CHECK(std::memcmp(rows.data(), blocks.data(), rows.size() * sizeof(double)) == 0);
+}
+
+TEMPLATE_TEST_CASE("K in blocks: results do not depend on the thread count",
+                   "[eigen][key_blocks][determinism]", float, Eigen::bfloat16) {
+  std::vector<case_spec> cases(3);
+  cases[0].batch = 2, cases[0].hq = 6, cases[0].hkv = 3, cases[0].lq = 300, cases[0].lk = 300,
+  cases[0].causal = true;
+  cases[1].batch = 1, cases[1].hq = 8, cases[1].hkv = 2, cases[1].lq = 1,
+  cases[1].lk = 5000;  // a decode step with split keys
+  cases[2].batch = 3, cases[2].hq = 4, cases[2].hkv = 1, cases[2].lq = 7, cases[2].lk = 257,
+  cases[2].lengths = true, cases[2].window_left = 40, cases[2].key_mask = true;
+  for (const case_spec& spec : cases) {
+    INFO(spec.name());
+    case_data c(spec);
+    const blocked_keys<TestType> kb(c.k);
+    const padded_tensor<TestType> vt = converted<TestType>(c.v, spec);
+    const alibi::tensor_view<const TestType, 4> v(vt.view);
+    const run_result one = run_blocked(c, kb, v, 1);
+    for (int threads : {2, 3, 8}) {
+      const run_result r = run_blocked(c, kb, v, threads);
+      CHECK(same_bits(r.out, one.out));
+      CHECK(same_bits(r.lse, one.lse));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("K in blocks, small calls: a GQA group equals its heads computed alone",
+                   "[eigen][key_blocks][gqa]", float, Eigen::half) {
+  // As the row-layout test in test_half_kv.cpp: the GQA problem against the same problem
+  // with K/V copied to every query head, bitwise (no key split below 2 * 2048 keys). Window
+  // and offsets put the tiles' first keys inside blocks.
+  for (index_t lq : {1, 3, 16}) {
+    for (bool skip : {false, true}) {
+      case_spec spec;
+      spec.batch = 2, spec.hq = 8, spec.hkv = 2, spec.lq = lq, spec.lk = 2000, spec.d = 64;
+      spec.causal = true, spec.lengths = true, spec.key_mask = lq == 3, spec.offsets = lq == 16;
+      spec.window_left = lq == 1 ? 1001 : -1;
+      INFO(spec.name() << (skip ? ", skipping" : ""));
+      case_data c(spec);
+      case_spec mha = spec;
+      mha.hkv = spec.hq;
+      case_data d(mha);
+      const index_t g = spec.hq / spec.hkv;
+      for (index_t b = 0; b < spec.batch; ++b)
+        for (index_t h = 0; h < spec.hq; ++h)
+          for (index_t j = 0; j < spec.lk; ++j)
+            for (index_t e = 0; e < spec.d; ++e) {
+              d.k.view(b, h, j, e) = c.k.view(b, h / g, j, e);
+              d.v.view(b, h, j, e) = c.v.view(b, h / g, j, e);
+            }
+      const blocked_keys<TestType> kc(c.k), kd(d.k);
+      const padded_tensor<TestType> vc = converted<TestType>(c.v, spec),
+                                    vd = converted<TestType>(d.v, mha);
+      const run_result grouped =
+          run_blocked(c, kc, alibi::tensor_view<const TestType, 4>(vc.view), 2, skip);
+      const run_result alone =
+          run_blocked(c, kd, alibi::tensor_view<const TestType, 4>(vd.view), 2, skip);
+      CHECK(same_bits(grouped.out, alone.out));
+      CHECK(same_bits(grouped.lse, alone.lse));
+    }
+  }
+}
+
+TEST_CASE("K in blocks: far-tile skipping with bounds from the blocks or the caller",
+          "[eigen][key_blocks][skip]") {
+  // A long decode step: bounds computed in the call from the blocks skip tiles; the caller's
+  // bounds (alibi::key_norm_bounds on the same keys as rows) are the ones used when given:
+  // they make the same decisions as for K as rows with the same bounds, and NaN bounds
+  // disable skipping. (The values are checked on the grid, skipping included.)
+  case_spec spec;
+  spec.hq = 8, spec.hkv = 2, spec.lq = 1, spec.lk = 9000, spec.d = 128, spec.causal = true;
+  case_data c(spec);
+  round_to<Eigen::half>(c.k);
+  const blocked_keys<Eigen::half> kb(c.k);
+  const padded_tensor<Eigen::half> kt = converted<Eigen::half>(c.k, spec),
+                                   vt = converted<Eigen::half>(c.v, spec);
+  const auto k_rows = alibi::tensor_view<const Eigen::half, 4>(kt.view);
+  const auto v = alibi::tensor_view<const Eigen::half, 4>(vt.view);
+  const index_t nblocks = (spec.lk + alibi::key_norm_block - 1) / alibi::key_norm_block;
+  std::vector<float> bounds(static_cast<std::size_t>(spec.hkv * nblocks));
+  alibi::key_norm_bounds(k_rows, alibi::make_view(bounds.data(), 1, spec.hkv, nblocks));
+  std::vector<float> out(static_cast<std::size_t>(spec.hq * spec.d));
+  auto stats_of = [&](auto k, const float* given) {
+    alibi::attention_stats st;
+    alibi::attention_params p = c.params;
+    p.stats = &st;
+    if (given) p.key_norm_bounds = alibi::make_view(given, 1, spec.hkv, nblocks);
+    alibi::attention(alibi::backend::eigen{2}, c.q.view, k, v,
+                     alibi::make_view(out.data(), 1, spec.hq, 1, spec.d), p);
+    for (float x : out) REQUIRE(std::isfinite(x));
+    return st;
+  };
+  const alibi::attention_stats own = stats_of(kb.cview(), nullptr);
+  CHECK(own.tiles_skipped > 0);
+  CHECK(own.tiles_computed + own.tiles_skipped == spec.hq * nblocks);
+  const alibi::attention_stats given = stats_of(kb.cview(), bounds.data());
+  const alibi::attention_stats rows = stats_of(k_rows, bounds.data());
+  CHECK(given.tiles_skipped > 0);
+  CHECK(given.tiles_skipped == rows.tiles_skipped);
+  const std::vector<float> nan_bounds(bounds.size(), std::numeric_limits<float>::quiet_NaN());
+  CHECK(stats_of(kb.cview(), nan_bounds.data()).tiles_skipped == 0);
+}
+
+TEST_CASE("K in blocks: argument checks", "[key_blocks][validation]") {
+  const index_t B = 1, H = 2, L = 20, D = 8;
+  std::vector<float> q(static_cast<std::size_t>(B * H * 3 * D), 0.5f), out(q.size());
+  std::vector<float> k(static_cast<std::size_t>(B * H * 2 * D * 16), 0.25f);
+  std::vector<float> v(static_cast<std::size_t>(B * H * L * D), 1.0f);
+  const auto qv = alibi::make_view<const float>(q.data(), B, H, 3, D);
+  const auto vv = alibi::make_view<const float>(v.data(), B, H, L, D);
+  const auto ov = alibi::make_view(out.data(), B, H, 3, D);
+  const alibi::backend::eigen be{1};
+  auto message = [&](alibi::tensor_view<const float, 5> kb) {
+    return std::string(alibi::can_implement(be, qv, kb, vv, ov).message());
+  };
+  CHECK(alibi::can_implement(be, qv, alibi::make_key_blocks<const float>(k.data(), B, H, L, D), vv,
+                             ov));
+  // Block count: ceil(20 / 16) = 2.
+  CHECK_THAT(message(alibi::make_view<const float>(k.data(), B, H, 1, D, 16)),
+             Catch::Contains("ceil(k_len / 16)") && Catch::Contains("k_len = v.extent(2) = 20"));
+  CHECK_THAT(message(alibi::make_view<const float>(k.data(), B, H, 4, D, 8)),
+             Catch::Contains("(1, 2, 4, 8, 8)"));
+  // Blocks must be contiguous (head_dim, 16) matrices.
+  CHECK_THAT(message(alibi::make_strided_view<const float, 5>(
+                 k.data(), {B, H, 2, D, 16}, {H * 2 * D * 16, 2 * D * 16, 1, 16, D})),
+             Catch::Contains("stride(4) 1 and stride(3) 16"));
+  // Head dim against q's, heads against v's.
+  CHECK_THAT(message(alibi::make_view<const float>(k.data(), B, H, 2, D / 2, 16)),
+             Catch::Contains("k.extent(3) (head_dim)"));
+  CHECK_THAT(message(alibi::make_view<const float>(k.data(), B, 1, 2, D, 16)),
+             Catch::Contains("v must have k's heads"));
+  CHECK_THROWS_AS(
+      alibi::attention(be, qv, alibi::make_view<const float>(k.data(), B, H, 1, D, 16), vv, ov),
+      alibi::error);
+
+  // store_key_blocks: shapes and the key range.
+  std::vector<float> rows(static_cast<std::size_t>(B * H * 5 * D), 2.0f);
+  const auto rv = alibi::make_view<const float>(rows.data(), B, H, 5, D);
+  const auto kb = alibi::make_key_blocks(k.data(), B, H, L, D);
+  alibi::store_key_blocks(rv, kb, 15);  // keys 15 .. 19: across the block boundary
+  CHECK(kb(0, 1, 0, 3, 15) == 2.0f);
+  CHECK(kb(0, 1, 1, 3, 3) == 2.0f);
+  CHECK(kb(0, 1, 1, 3, 4) == 0.25f);
+  CHECK_THROWS_WITH(alibi::store_key_blocks(rv, kb, 28),
+                    Catch::Contains("[28, 33) must lie within the blocks' 32 keys"));
+  CHECK_THROWS_WITH(alibi::store_key_blocks(rv, alibi::make_key_blocks(k.data(), B, H, L, D / 2)),
+                    Catch::Contains("blocks must have shape"));
+}
