@@ -21,8 +21,11 @@
 // same row, which stays in L1): all of the step's arithmetic and bookkeeping without its
 // memory traffic; counter bound_GB/s, the K/V bytes the real step streams over this time,
 // the most a step could read per second before its arithmetic, not memory, limits it.
+// BM_decode_blocked / BM_decode_arith_blocked: the same with K in blocks of 16 keys
+// (alibi/key_blocks.hpp; a copy of the same keys).
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
-// BM_small_products: the decode products alone on one cache-resident tile, GFLOP/s.
+// BM_small_products: the decode products alone on one cache-resident tile, GFLOP/s (product
+// 2: Q K^T from K in blocks).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -169,11 +172,23 @@ void BM_read_prefetched(benchmark::State& state) {
   state.counters["GB/s"] = rate / 1e9;
 }
 
-/// K and V of shape (1, Hkv, Lk, 128) in storage type T, shared across benchmarks.
+/// K and V of shape (1, Hkv, Lk, 128) in storage type T, shared across benchmarks; and the
+/// same K in blocks, made on first use.
 template <class T>
 struct kv_store {
-  aligned_vector<T> k, v;
-  static const kv_store& get(index_t hkv, index_t lk) {
+  aligned_vector<T> k, v, kb;
+  index_t hkv = 0, lk = 0;
+
+  const aligned_vector<T>& blocks() {
+    if (kb.empty()) {
+      kb.resize(
+          static_cast<std::size_t>(hkv * alibi::key_block_count(lk) * 128 * alibi::keys_per_block));
+      alibi::store_key_blocks(alibi::make_view<const T>(k.data(), 1, hkv, lk, 128),
+                              alibi::make_key_blocks(kb.data(), 1, hkv, lk, 128));
+    }
+    return kb;
+  }
+  static kv_store& get(index_t hkv, index_t lk) {
     static std::map<std::pair<index_t, index_t>, std::unique_ptr<kv_store>> stores;
     auto& s = stores[{hkv, lk}];
     if (!s) {
@@ -181,17 +196,22 @@ struct kv_store {
       const auto n = static_cast<std::size_t>(hkv * lk * 128);
       s->k = filled_as<T>(n, 1);
       s->v = filled_as<T>(n, 2);
+      s->hkv = hkv;
+      s->lk = lk;
     }
     return *s;
   }
 };
 
 /// skip: 0 off, 1 on (the call computes the key norms), 2 on with the key-norm bounds kept
-/// beside the cache (computed once, as kv_cache keeps them).
+/// beside the cache (computed once, as kv_cache keeps them). blocked: K in blocks.
 template <class T>
-void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int threads) {
+void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int threads,
+            bool blocked = false) {
   const index_t hq = 32, d = 128;
-  const kv_store<T>& kv = kv_store<T>::get(hkv, lk);
+  kv_store<T>& kv = kv_store<T>::get(hkv, lk);
+  const auto kblocks = alibi::make_key_blocks<const T>(blocked ? kv.blocks().data() : nullptr, 1,
+                                                       hkv, blocked ? lk : 0, d);
   const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
   aligned_vector<float> out(q.size());
   alibi::attention_params p;
@@ -207,8 +227,12 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int thre
     p.key_norm_bounds = alibi::make_view<const float>(bounds.data(), 1, hkv, blocks);
   }
   auto step = [&] {
-    alibi::attention(be, alibi::make_view<const float>(q.data(), 1, hq, 1, d), kview, vview,
-                     alibi::make_view(out.data(), 1, hq, 1, d), p);
+    const auto qv = alibi::make_view<const float>(q.data(), 1, hq, 1, d);
+    const auto ov = alibi::make_view(out.data(), 1, hq, 1, d);
+    if (blocked)
+      alibi::attention(be, qv, kblocks, vview, ov, p);
+    else
+      alibi::attention(be, qv, kview, vview, ov, p);
     benchmark::DoNotOptimize(out.data());
   };
   const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
@@ -247,11 +271,21 @@ void BM_decode_kv(benchmark::State& state) {
                [&](auto type) { decode<decltype(type)>(state, lk, hkv, skip, threads); });
 }
 
+// Args: as BM_decode_kv; K in blocks.
+void BM_decode_blocked(benchmark::State& state) {
+  const index_t lk = state.range(0), hkv = state.range(1);
+  const auto skip = static_cast<int>(state.range(3));
+  const int threads = static_cast<int>(state.range(4));
+  with_kv_type(state.range(2),
+               [&](auto type) { decode<decltype(type)>(state, lk, hkv, skip, threads, true); });
+}
+
 /// A decode step (as decode(), skipping off) on K/V views with a key stride of 0: each KV
 /// head's keys all read one row, so the products, softmax and bookkeeping run as in the real
 /// step (the same data-independent work, prefetch requests included) with every byte in L1.
 template <class T>
-void decode_arith(benchmark::State& state, index_t lk, index_t hkv, int threads) {
+void decode_arith(benchmark::State& state, index_t lk, index_t hkv, int threads,
+                  bool blocked = false) {
   const index_t hq = 32, d = 128;
   const aligned_vector<T> k = filled_as<T>(static_cast<std::size_t>(hkv * d), 1),
                           v = filled_as<T>(static_cast<std::size_t>(hkv * d), 2);
@@ -264,9 +298,17 @@ void decode_arith(benchmark::State& state, index_t lk, index_t hkv, int threads)
   const index_t strides[4] = {hkv * d, d, 0, 1};  // (B, Hkv, Lk, D): one row per KV head
   const auto kview = alibi::make_strided_view<const T, 4>(k.data(), {1, hkv, lk, d}, strides);
   const auto vview = alibi::make_strided_view<const T, 4>(v.data(), {1, hkv, lk, d}, strides);
+  // K in blocks: every block of a KV head is one block (block stride 0).
+  const aligned_vector<T> kb = filled_as<T>(static_cast<std::size_t>(hkv * d * 16), 1);
+  const auto kblocks = alibi::make_strided_view<const T, 5>(
+      kb.data(), {1, hkv, alibi::key_block_count(lk), d, 16}, {hkv * d * 16, d * 16, 0, 16, 1});
   alibi_bench::timed_steps(state, [&] {
-    alibi::attention(be, alibi::make_view<const float>(q.data(), 1, hq, 1, d), kview, vview,
-                     alibi::make_view(out.data(), 1, hq, 1, d), p);
+    const auto qv = alibi::make_view<const float>(q.data(), 1, hq, 1, d);
+    const auto ov = alibi::make_view(out.data(), 1, hq, 1, d);
+    if (blocked)
+      alibi::attention(be, qv, kblocks, vview, ov, p);
+    else
+      alibi::attention(be, qv, kview, vview, ov, p);
     benchmark::DoNotOptimize(out.data());
   });
   const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
@@ -280,6 +322,14 @@ void BM_decode_arith(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(3));
   with_kv_type(state.range(2),
                [&](auto type) { decode_arith<decltype(type)>(state, lk, hkv, threads); });
+}
+
+// Args: as BM_decode_arith; K in blocks.
+void BM_decode_arith_blocked(benchmark::State& state) {
+  const index_t lk = state.range(0), hkv = state.range(1);
+  const int threads = static_cast<int>(state.range(3));
+  with_kv_type(state.range(2),
+               [&](auto type) { decode_arith<decltype(type)>(state, lk, hkv, threads, true); });
 }
 
 template <class T>
@@ -315,8 +365,10 @@ void BM_prefill_kv(benchmark::State& state) {
 
 /// The decode products alone (backend/eigen/small_rows.hpp) on one 128-key tile with D 128,
 /// small enough to stay in L1/L2: the arithmetic a decode step does per tile, without memory.
+/// product: 0 Q K^T, 1 P V, 2 Q K^T from K in blocks.
 template <class T>
-void small_products(benchmark::State& state, index_t m, bool scores) {
+void small_products(benchmark::State& state, index_t m, int product) {
+  const bool scores = product != 1;
   namespace cpu = alibi::detail::cpu;
   index_t d = 128, bk = 128;
   // Not constants to the compiler: with a constant key count GCC warns about the products'
@@ -336,7 +388,9 @@ void small_products(benchmark::State& state, index_t m, bool scores) {
     out[static_cast<std::size_t>(t)] = scores ? s.data() + t * bk : o.data() + t * d;
   }
   for (auto _ : state) {
-    if (scores)
+    if (product == 2)  // the same bytes, read as blocks
+      cpu::small_block_scores(in.data(), m, k.data(), d * 16, 0, bk, d, out.data(), none);
+    else if (scores)
       cpu::small_scores(in.data(), m, k.data(), d, bk, d, out.data(), none);
     else
       cpu::small_pv(in.data(), m, v.data(), d, bk, d, static_cast<const index_t*>(nullptr), 0,
@@ -347,22 +401,31 @@ void small_products(benchmark::State& state, index_t m, bool scores) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Args: rows, K/V type (0 fp32, 1 fp16, 2 bf16), product (0 Q K^T, 1 P V).
+// Args: rows, K/V type (0 fp32, 1 fp16, 2 bf16), product (0 Q K^T, 1 P V, 2 Q K^T from K
+// in blocks).
 void BM_small_products(benchmark::State& state) {
   const index_t m = state.range(0);
-  const bool scores = state.range(2) == 0;
+  const auto product = static_cast<int>(state.range(2));
   with_kv_type(state.range(1),
-               [&](auto type) { small_products<decltype(type)>(state, m, scores); });
+               [&](auto type) { small_products<decltype(type)>(state, m, product); });
 }
 
 BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_read_prefetched)->Arg(1)->Arg(2)->Iterations(1);
-BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1}});
+BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1, 2}});
 BENCHMARK(BM_decode_kv)
     ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1, 2}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_arith)
+    ->ArgsProduct({{32768}, {32, 8}, {0, 1, 2}, {1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_blocked)
+    ->ArgsProduct({{4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1, 2}, {1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_arith_blocked)
     ->ArgsProduct({{32768}, {32, 8}, {0, 1, 2}, {1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);

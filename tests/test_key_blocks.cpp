@@ -2,13 +2,16 @@
 // K in blocks (alibi/key_blocks.hpp): the eigen backend against the double-precision oracle
 // on the shared grid (fp32, fp16 and bf16 storage), the reference reading blocks exactly,
 // thread-count independence, the GQA grouping of small calls, and the argument checks.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include <Eigen/Core>
+#include <alibi/backend/eigen/small_rows.hpp>
 #include <catch2/catch.hpp>
 
 #include "backends.hpp"
@@ -302,4 +305,61 @@ TEST_CASE("K in blocks: argument checks", "[key_blocks][validation]") {
                     Catch::Contains("[28, 33) must lie within the blocks' 32 keys"));
   CHECK_THROWS_WITH(alibi::store_key_blocks(rv, alibi::make_key_blocks(k.data(), B, H, L, D / 2)),
                     Catch::Contains("blocks must have shape"));
+}
+
+TEMPLATE_TEST_CASE("blocked Q K^T: a row's scores do not depend on the rows beside it",
+                   "[eigen][key_blocks][small_rows]", float, Eigen::half, Eigen::bfloat16) {
+  // small_block_scores (backend/eigen/small_rows.hpp) on 7 rows at once (blocks of 4, 2 and
+  // 1 rows) against each row alone, bitwise, and against a double-precision dot product of
+  // the same stored values; tiles starting at every lane of a block, lengths that end
+  // inside a block, head dims with and without whole packets. Scores outside the tile stay
+  // untouched.
+  namespace cpu = alibi::detail::cpu;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const index_t m = 7, lds = 160;
+  auto none = [](index_t) {};
+  for (index_t d : {1, 7, 64, 128, 136})
+    for (index_t off : {0, 1, 9, 15})
+      for (index_t bk : {1, 15, 16, 37, 128}) {
+        INFO("d = " << d << ", off = " << off << ", bk = " << bk);
+        const index_t blocks = alibi::key_block_count(off + bk), ldk = d * 16 + 8;
+        std::vector<TestType> k(static_cast<std::size_t>(blocks * ldk));
+        for (TestType& x : k) x = static_cast<TestType>(nd(gen));
+        std::vector<float> q(static_cast<std::size_t>(m * d));
+        for (float& x : q) x = nd(gen);
+        std::vector<float> s_all(static_cast<std::size_t>(m * lds), -7.0f), s_one(s_all);
+        std::vector<const float*> qr;
+        std::vector<float*> sr;
+        for (index_t t = 0; t < m; ++t) {
+          qr.push_back(q.data() + t * d);
+          sr.push_back(s_all.data() + t * lds);
+        }
+        cpu::small_block_scores(qr.data(), m, k.data(), ldk, off, bk, d, sr.data(), none);
+        for (index_t t = 0; t < m; ++t) {
+          float* s1 = s_one.data() + t * lds;
+          cpu::small_block_scores(qr.data() + t, 1, k.data(), ldk, off, bk, d, &s1, none);
+        }
+        CHECK(same_bits(s_all, s_one));
+        double worst = 0;
+        index_t untouched = 0;
+        const double u = std::ldexp(1.0, -24);
+        for (index_t t = 0; t < m; ++t) {
+          for (index_t r = 0; r < bk; ++r) {
+            const index_t key = off + r;
+            double dot = 0, mag = 0;
+            for (index_t e = 0; e < d; ++e) {
+              const double x =
+                  q[t * d + e] *
+                  static_cast<double>(static_cast<float>(k[(key / 16) * ldk + e * 16 + key % 16]));
+              dot += x;
+              mag += std::abs(x);
+            }
+            worst = std::max(worst, std::abs(s_all[t * lds + r] - dot) / std::max(mag, 1e-300));
+          }
+          for (index_t r = bk; r < lds; ++r) untouched += s_all[t * lds + r] == -7.0f;
+        }
+        CHECK(untouched == m * (lds - bk));
+        CHECK(worst <= d * u / (1 - d * u));
+      }
 }

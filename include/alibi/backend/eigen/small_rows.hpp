@@ -352,62 +352,86 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
   for (; t < m; ++t) scores_rows<1, 8>(q + t, k, ldk, bk, d, s + t, pace);
 }
 
-/// s[t][r] = q[t] . k_r for R rows and the keys r of the NB blocks from block u of a tile of
-/// K in blocks (key_blocks.hpp; block u at k + u * ldk, a row-major (d, 16) matrix): lane i
-/// of block u is the tile's key r = 16 u + i - off (off: the lane of its first key), stored
-/// when r is in [0, bk). Each block's 16 scores of a row are the lanes of P = 16 / lanes
-/// accumulators: element e of the 16 keys, one contiguous run, times q[t][e] broadcast,
-/// elements in ascending order. So a score is a chain of FMAs over e that depends on nothing
-/// but its own row and key (not on R, NB or the rows beside it), there are no horizontal
-/// sums, and each K packet is loaded (and widened) once for all R rows. pace(2 NB) before
-/// every 16 elements.
+/// The accumulators of R rows over the NB blocks from block u of a tile of K in blocks
+/// (key_blocks.hpp; block u at k + u * ldk, a row-major (d, 16) matrix): acc[t * C + c],
+/// C = NB * 16 / lanes, holds the scores of row t and keys 16 u + c lanes .. (the tile's
+/// keys less the lane of its first key). Each block's 16 scores of a row are the lanes of
+/// 16 / lanes packets: element e of the 16 keys, one contiguous run, times q[t][e]
+/// broadcast, elements in ascending order. So a score is a chain of FMAs over e that
+/// depends on nothing but its own row and key (not on R, NB or the rows beside it), there
+/// are no horizontal sums, and each K packet is loaded (and widened) once for all R rows.
+/// pace(2 NB) before every 16 elements.
 template <int R, int NB, class T, class Pace>
-ALIBI_FORCEINLINE void block_scores(const float* const* q, const T* k, index_t ldk, index_t u,
-                                    index_t off, index_t bk, index_t d, float* const* s,
-                                    Pace& pace) {
+ALIBI_FORCEINLINE void block_products(const float* const* q, const T* k, index_t ldk, index_t u,
+                                      index_t d, packet* acc, Pace& pace) {
   namespace ei = Eigen::internal;
-  constexpr int P = static_cast<int>(keys_per_block / lanes);
-  packet acc[R][NB * P];
-  for (int t = 0; t < R; ++t)
-    for (int c = 0; c < NB * P; ++c) acc[t][c] = ei::pset1<packet>(0.0f);
+  constexpr int P = static_cast<int>(keys_per_block / lanes), C = NB * P;
+  for (int i = 0; i < R * C; ++i) acc[i] = ei::pset1<packet>(0.0f);
   const T* kp[NB];
   for (int i = 0; i < NB; ++i) kp[i] = k + (u + i) * ldk;
   for (index_t e = 0; e < d; ++e) {
     if (e % 16 == 0) pace(2 * NB);
-    packet x[NB * P];
+    packet x[C];
     for (int i = 0; i < NB; ++i)
       for (int c = 0; c < P; ++c)
         x[i * P + c] = R > 1 ? load_shared(kp[i] + e * keys_per_block + c * lanes)
                              : load_floats(kp[i] + e * keys_per_block + c * lanes);
     for (int t = 0; t < R; ++t) {
       const packet qe = ei::pset1<packet>(q[t][e]);
-      for (int c = 0; c < NB * P; ++c) acc[t][c] = ei::pmadd(qe, x[c], acc[t][c]);
-    }
-  }
-  const index_t r0 = u * keys_per_block - off;  // the tile's key in lane 0 of block u
-  const bool whole = r0 >= 0 && r0 + NB * keys_per_block <= bk;
-  for (int t = 0; t < R; ++t) {
-    if (whole) {
-      for (int c = 0; c < NB * P; ++c) ei::pstoreu(s[t] + r0 + c * lanes, acc[t][c]);
-    } else {
-      alignas(64) float all[NB * keys_per_block];
-      for (int c = 0; c < NB * P; ++c) ei::pstore(all + c * lanes, acc[t][c]);
-      for (index_t i = std::max<index_t>(0, -r0); i < NB * keys_per_block && r0 + i < bk; ++i)
-        s[t][r0 + i] = all[i];
+      for (int c = 0; c < C; ++c) acc[t * C + c] = ei::pmadd(qe, x[c], acc[t * C + c]);
     }
   }
 }
 
-/// s[t][r] = q[t] . k_r for R rows and the keys r < bk of a tile of K in blocks whose first
-/// key is lane off of block 0, from block u on: NB blocks at a time, then the last ones
-/// NB / 2, NB / 4, ... at a time.
+/// s[t][r] = q[t] . k_r for R rows and the tile's keys r in the blocks [u, u_end), all of
+/// whose lanes are keys of the tile (r = 16 u + i - off in [0, bk)): NB blocks at a time,
+/// then NB / 2, NB / 4, ... at a time.
 template <int R, int NB, class T, class Pace>
-void block_scores_rows(const float* const* q, const T* k, index_t ldk, index_t u, index_t off,
-                       index_t bk, index_t d, float* const* s, Pace& pace) {
+void whole_block_scores(const float* const* q, const T* k, index_t ldk, index_t u, index_t u_end,
+                        index_t off, index_t d, float* const* s, Pace& pace) {
   static_assert((NB & (NB - 1)) == 0, "blocks at a time: a power of 2");
+  constexpr int C = NB * static_cast<int>(keys_per_block / lanes);
+  for (; u + NB <= u_end; u += NB) {
+    packet acc[R * C];
+    block_products<R, NB>(q, k, ldk, u, d, acc, pace);
+    const index_t r0 = u * keys_per_block - off;
+    for (int t = 0; t < R; ++t)
+      for (int c = 0; c < C; ++c) Eigen::internal::pstoreu(s[t] + r0 + c * lanes, acc[t * C + c]);
+  }
+  if constexpr (NB > 1) whole_block_scores<R, NB / 2>(q, k, ldk, u, u_end, off, d, s, pace);
+}
+
+/// whole_block_scores for one block at an edge of the tile: only its lanes that are keys of
+/// the tile are stored. A function of its own: storing part of a packet through a local
+/// array in the function of the whole blocks made GCC keep their accumulators in memory
+/// (4 rows of a tile in L1: 2.7x slower).
+template <int R, class T, class Pace>
+__attribute__((noinline)) void edge_block_scores(const float* const* q, const T* k, index_t ldk,
+                                                 index_t u, index_t off, index_t bk, index_t d,
+                                                 float* const* s, Pace& pace) {
+  constexpr int C = static_cast<int>(keys_per_block / lanes);
+  packet acc[R * C];
+  block_products<R, 1>(q, k, ldk, u, d, acc, pace);
+  const index_t r0 = u * keys_per_block - off;
+  for (int t = 0; t < R; ++t) {
+    alignas(64) float all[keys_per_block];
+    for (int c = 0; c < C; ++c) Eigen::internal::pstore(all + c * lanes, acc[t * C + c]);
+    for (index_t i = std::max<index_t>(0, -r0); i < keys_per_block && r0 + i < bk; ++i)
+      s[t][r0 + i] = all[i];
+  }
+}
+
+/// s[t][r] = q[t] . k_r for R rows and the keys r < bk of a tile of K in blocks whose first
+/// key is lane off of block 0: the edge blocks alone, the whole ones NB at a time.
+template <int R, int NB, class T, class Pace>
+void block_scores_rows(const float* const* q, const T* k, index_t ldk, index_t off, index_t bk,
+                       index_t d, float* const* s, Pace& pace) {
   const index_t blocks = key_block_count(off + bk);
-  for (; u + NB <= blocks; u += NB) block_scores<R, NB>(q, k, ldk, u, off, bk, d, s, pace);
-  if constexpr (NB > 1) block_scores_rows<R, NB / 2>(q, k, ldk, u, off, bk, d, s, pace);
+  const index_t first = off == 0 ? 0 : 1;                            // the first whole block
+  const index_t end = std::max(first, (off + bk) / keys_per_block);  // past the last one
+  if (first == 1) edge_block_scores<R>(q, k, ldk, 0, off, bk, d, s, pace);
+  whole_block_scores<R, NB>(q, k, ldk, first, end, off, d, s, pace);
+  if (end < blocks) edge_block_scores<R>(q, k, ldk, end, off, bk, d, s, pace);
 }
 
 /// small_scores for K in blocks (k: the block holding the tile's first key, at lane off;
@@ -424,9 +448,9 @@ void small_block_scores(const float* const* q, index_t m, const T* k, index_t ld
   constexpr int nb4 = std::clamp(chains / (4 * P), 1, 8), nb2 = std::clamp(chains / (2 * P), 1, 8),
                 nb1 = std::clamp(chains / P, 1, 8);
   index_t t = 0;
-  for (; t + 4 <= m; t += 4) block_scores_rows<4, nb4>(q + t, k, ldk, 0, off, bk, d, s + t, pace);
-  for (; t + 2 <= m; t += 2) block_scores_rows<2, nb2>(q + t, k, ldk, 0, off, bk, d, s + t, pace);
-  for (; t < m; ++t) block_scores_rows<1, nb1>(q + t, k, ldk, 0, off, bk, d, s + t, pace);
+  for (; t + 4 <= m; t += 4) block_scores_rows<4, nb4>(q + t, k, ldk, off, bk, d, s + t, pace);
+  for (; t + 2 <= m; t += 2) block_scores_rows<2, nb2>(q + t, k, ldk, off, bk, d, s + t, pace);
+  for (; t < m; ++t) block_scores_rows<1, nb1>(q + t, k, ldk, off, bk, d, s + t, pace);
 }
 
 /// o[t][c * lanes, (c + C) * lanes) += sum over keys j in [jb, je) of p[t][j] v_j for R rows:
