@@ -203,6 +203,24 @@ struct kv_store {
   }
 };
 
+/// One decode step: q (32, 128) and out (32, 128) of one sequence, K as rows (kview) or in
+/// blocks (kblocks, when `blocked`).
+template <class T>
+void decode_call(const alibi::backend::eigen& be, const aligned_vector<float>& q,
+                 const alibi::tensor_view<const T, 4>& kview,
+                 const alibi::tensor_view<const T, 5>& kblocks, bool blocked,
+                 const alibi::tensor_view<const T, 4>& vview, aligned_vector<float>& out,
+                 const alibi::attention_params& p) {
+  const index_t hq = 32, d = 128;
+  const auto qv = alibi::make_view<const float>(q.data(), 1, hq, 1, d);
+  const auto ov = alibi::make_view(out.data(), 1, hq, 1, d);
+  if (blocked)
+    alibi::attention(be, qv, kblocks, vview, ov, p);
+  else
+    alibi::attention(be, qv, kview, vview, ov, p);
+  benchmark::DoNotOptimize(out.data());
+}
+
 /// skip: 0 off, 1 on (the call computes the key norms), 2 on with the key-norm bounds kept
 /// beside the cache (computed once, as kv_cache keeps them). blocked: K in blocks.
 template <class T>
@@ -226,15 +244,7 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int thre
     alibi::key_norm_bounds(kview, alibi::make_view(bounds.data(), 1, hkv, blocks));
     p.key_norm_bounds = alibi::make_view<const float>(bounds.data(), 1, hkv, blocks);
   }
-  auto step = [&] {
-    const auto qv = alibi::make_view<const float>(q.data(), 1, hq, 1, d);
-    const auto ov = alibi::make_view(out.data(), 1, hq, 1, d);
-    if (blocked)
-      alibi::attention(be, qv, kblocks, vview, ov, p);
-    else
-      alibi::attention(be, qv, kview, vview, ov, p);
-    benchmark::DoNotOptimize(out.data());
-  };
+  auto step = [&] { decode_call(be, q, kview, kblocks, blocked, vview, out, p); };
   const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
   // The ceiling is sampled between the steps (as much time on it as on the steps, at most):
   // this machine's bandwidth drifts by 1.5x within a run, so a ceiling measured once per
@@ -302,15 +312,8 @@ void decode_arith(benchmark::State& state, index_t lk, index_t hkv, int threads,
   const aligned_vector<T> kb = filled_as<T>(static_cast<std::size_t>(hkv * d * 16), 1);
   const auto kblocks = alibi::make_strided_view<const T, 5>(
       kb.data(), {1, hkv, alibi::key_block_count(lk), d, 16}, {hkv * d * 16, d * 16, 0, 16, 1});
-  alibi_bench::timed_steps(state, [&] {
-    const auto qv = alibi::make_view<const float>(q.data(), 1, hq, 1, d);
-    const auto ov = alibi::make_view(out.data(), 1, hq, 1, d);
-    if (blocked)
-      alibi::attention(be, qv, kblocks, vview, ov, p);
-    else
-      alibi::attention(be, qv, kview, vview, ov, p);
-    benchmark::DoNotOptimize(out.data());
-  });
+  alibi_bench::timed_steps(state,
+                           [&] { decode_call(be, q, kview, kblocks, blocked, vview, out, p); });
   const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
   state.counters["bound_GB/s"] =
       benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);

@@ -356,20 +356,32 @@ inline comparison compare(const case_data& c, const oracle_result& ref, const na
   return r;
 }
 
-/// Runs `backend` on the case and compares it with the oracle.
-template <class Backend>
-comparison check_backend(const Backend& backend, const case_spec& spec) {
-  case_data c(spec);
+/// run(c, params, out): an attention call on the case's values with `params` (c's, and a
+/// logsumexp view) into `out`; its output and logsumexp compared with the oracle. out is
+/// padded with guards, the logsumexp has one guard after it.
+template <class Run>
+comparison check_call(case_data& c, Run&& run) {
+  const case_spec& spec = c.spec;
   const oracle_result ref = run_oracle(c);
   const naive_result naive = run_naive_fp32(c);
   padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.v_dim(), spec.bshd, 1234.5f);
   std::vector<float> lse(static_cast<std::size_t>(spec.batch * spec.hq * spec.lq + 1), 1234.5f);
   alibi::attention_params p = c.params;
   p.logsumexp = alibi::make_view(lse.data(), spec.batch, spec.hq, spec.lq);
-  alibi::attention(backend, c.q.view, c.k.view, c.v.view, out.view, p);
+  run(static_cast<const case_data&>(c), static_cast<const alibi::attention_params&>(p), out.view);
   comparison r = compare(c, ref, naive, out, lse);
   if (lse.back() != 1234.5f) ++r.guard_writes;
   return r;
+}
+
+/// Runs `backend` on the case and compares it with the oracle.
+template <class Backend>
+comparison check_backend(const Backend& backend, const case_spec& spec) {
+  case_data c(spec);
+  return check_call(c, [&](const case_data& d, const alibi::attention_params& p,
+                           const alibi::tensor_view<float, 4>& out) {
+    alibi::attention(backend, d.q.view, d.k.view, d.v.view, out, p);
+  });
 }
 
 /// The shared case list (design notes section 5), as a covering grid rather than the full

@@ -14,41 +14,24 @@
 
 #include "backends.hpp"
 #include "common.hpp"
+#include "stored_kv.hpp"
 
 using alibi::index_t;
 using alibi_test::case_data;
 using alibi_test::case_spec;
+using alibi_test::converted;
 using alibi_test::padded_tensor;
+using alibi_test::round_to;
+using alibi_test::same_bits;
 
 namespace {
 
-/// Rounds every element of t (view, padding and guards alike) to T and back: NaN padding
-/// stays NaN, the values become exactly representable in T.
-template <class T>
-void round_to(padded_tensor<float>& t) {
-  for (float& x : t.buf) x = static_cast<float>(static_cast<T>(x));
-}
-
-/// A T copy of t with the same geometry: the same padding and guards (NaN stays NaN).
-template <class T>
-padded_tensor<T> converted(const padded_tensor<float>& t, const case_spec& s) {
-  padded_tensor<T> r(t.view.extents[0], t.view.extents[1], t.view.extents[2], t.view.extents[3],
-                     s.bshd, static_cast<T>(t.fill), 3, s.aligned ? 8 : 5);
-  REQUIRE(r.buf.size() == t.buf.size());
-  for (std::size_t e = 0; e < t.buf.size(); ++e) r.buf[e] = static_cast<T>(t.buf[e]);
-  return r;
-}
-
-struct run_result {
-  std::vector<float> out, lse;  // (batch, hq, lq, dv), (batch, hq, lq) dense
-};
-
 /// The eigen backend on c's q and the given K/V, with logsumexp; out and lse dense.
 template <class T>
-run_result run_eigen(const case_data& c, const alibi::tensor_view<T, 4>& k,
-                     const alibi::tensor_view<T, 4>& v, int threads, bool skip = true) {
+alibi_test::out_lse run_eigen(const case_data& c, const alibi::tensor_view<T, 4>& k,
+                              const alibi::tensor_view<T, 4>& v, int threads, bool skip = true) {
   const case_spec& s = c.spec;
-  run_result r;
+  alibi_test::out_lse r;
   r.out.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0f);
   r.lse.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq), 0.0f);
   alibi::attention_params p = c.params;
@@ -59,32 +42,16 @@ run_result run_eigen(const case_data& c, const alibi::tensor_view<T, 4>& k,
   return r;
 }
 
-/// Bitwise equality, NaN included.
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-/// The grid case with K/V rounded to T: the eigen backend on T storage against the oracle
-/// and the naive fp32 computation on the rounded fp32 values (the same numbers), under the
-/// fp32 tolerance rule: the storage is exact, the arithmetic fp32.
+/// The grid case with K/V rounded to T, stored as T (check_stored).
 template <class T>
 alibi_test::comparison check_half_storage(const case_spec& spec, int threads) {
-  case_data c(spec);
-  round_to<T>(c.k);
-  round_to<T>(c.v);
-  const padded_tensor<T> kh = converted<T>(c.k, spec), vh = converted<T>(c.v, spec);
-  const alibi_test::oracle_result ref = alibi_test::run_oracle(c);
-  const alibi_test::naive_result naive = alibi_test::run_naive_fp32(c);
-  padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.v_dim(), spec.bshd, 1234.5f);
-  std::vector<float> lse(static_cast<std::size_t>(spec.batch * spec.hq * spec.lq + 1), 1234.5f);
-  alibi::attention_params p = c.params;
-  p.logsumexp = alibi::make_view(lse.data(), spec.batch, spec.hq, spec.lq);
-  alibi::attention(alibi::backend::eigen{threads}, c.q.view,
-                   alibi::tensor_view<const T, 4>(kh.view), alibi::tensor_view<const T, 4>(vh.view),
-                   out.view, p);
-  alibi_test::comparison r = alibi_test::compare(c, ref, naive, out, lse);
-  if (lse.back() != 1234.5f) ++r.guard_writes;
-  return r;
+  return alibi_test::check_stored<T>(
+      spec, [&](const case_data& c, const alibi::attention_params& p, auto out) {
+        const padded_tensor<T> kh = converted<T>(c.k, spec), vh = converted<T>(c.v, spec);
+        alibi::attention(alibi::backend::eigen{threads}, c.q.view,
+                         alibi::tensor_view<const T, 4>(kh.view),
+                         alibi::tensor_view<const T, 4>(vh.view), out, p);
+      });
 }
 
 }  // namespace
@@ -136,9 +103,9 @@ TEMPLATE_TEST_CASE("half-precision K/V: results do not depend on the thread coun
     const padded_tensor<TestType> kh = converted<TestType>(c.k, spec);
     const padded_tensor<TestType> vh = converted<TestType>(c.v, spec);
     const alibi::tensor_view<const TestType, 4> k(kh.view), v(vh.view);
-    const run_result one = run_eigen(c, k, v, 1);
+    const alibi_test::out_lse one = run_eigen(c, k, v, 1);
     for (int threads : {2, 3, 8}) {
-      const run_result r = run_eigen(c, k, v, threads);
+      const alibi_test::out_lse r = run_eigen(c, k, v, threads);
       CHECK(same_bits(r.out, one.out));
       CHECK(same_bits(r.lse, one.lse));
     }
@@ -159,11 +126,12 @@ TEST_CASE("non-finite half-precision K/V values follow the contract like fp32",
   const padded_tensor<Eigen::half> kh = converted<Eigen::half>(c.k, spec);
   const padded_tensor<Eigen::half> vh = converted<Eigen::half>(c.v, spec);
   for (bool skip : {false, true}) {
-    const run_result half_run =
+    const alibi_test::out_lse half_run =
         run_eigen(c, alibi::tensor_view<const Eigen::half, 4>(kh.view),
                   alibi::tensor_view<const Eigen::half, 4>(vh.view), 2, skip);
-    const run_result fp32_run = run_eigen(c, alibi::tensor_view<const float, 4>(c.k.view),
-                                          alibi::tensor_view<const float, 4>(c.v.view), 2, skip);
+    const alibi_test::out_lse fp32_run =
+        run_eigen(c, alibi::tensor_view<const float, 4>(c.k.view),
+                  alibi::tensor_view<const float, 4>(c.v.view), 2, skip);
     index_t nans = 0;
     for (std::size_t e = 0; e < fp32_run.out.size(); ++e) {
       INFO("element " << e);
@@ -190,21 +158,13 @@ TEST_CASE("small calls: a GQA group sharing K/V tiles equals the heads computed 
       spec.causal = true, spec.lengths = true, spec.key_mask = lq == 5, spec.offsets = lq == 16;
       INFO(spec.name() << (skip ? ", skipping" : ""));
       case_data c(spec);
-      case_spec mha = spec;
-      mha.hkv = spec.hq;
-      case_data d(mha);
-      const index_t g = spec.hq / spec.hkv;
-      for (index_t b = 0; b < spec.batch; ++b)
-        for (index_t h = 0; h < spec.hq; ++h)
-          for (index_t j = 0; j < spec.lk; ++j)
-            for (index_t e = 0; e < spec.d; ++e) {
-              d.k.view(b, h, j, e) = c.k.view(b, h / g, j, e);
-              d.v.view(b, h, j, e) = c.v.view(b, h / g, j, e);
-            }
-      const run_result grouped = run_eigen(c, alibi::tensor_view<const float, 4>(c.k.view),
-                                           alibi::tensor_view<const float, 4>(c.v.view), 2, skip);
-      const run_result alone = run_eigen(c, alibi::tensor_view<const float, 4>(d.k.view),
-                                         alibi::tensor_view<const float, 4>(d.v.view), 2, skip);
+      const case_data d = alibi_test::per_head_copy(c);
+      const alibi_test::out_lse grouped =
+          run_eigen(c, alibi::tensor_view<const float, 4>(c.k.view),
+                    alibi::tensor_view<const float, 4>(c.v.view), 2, skip);
+      const alibi_test::out_lse alone =
+          run_eigen(c, alibi::tensor_view<const float, 4>(d.k.view),
+                    alibi::tensor_view<const float, 4>(d.v.view), 2, skip);
       CHECK(same_bits(grouped.out, alone.out));
       CHECK(same_bits(grouped.lse, alone.lse));
     }

@@ -16,11 +16,15 @@
 
 #include "backends.hpp"
 #include "common.hpp"
+#include "stored_kv.hpp"
 
 using alibi::index_t;
 using alibi_test::case_data;
 using alibi_test::case_spec;
+using alibi_test::converted;
 using alibi_test::padded_tensor;
+using alibi_test::round_to;
+using alibi_test::same_bits;
 
 namespace {
 
@@ -48,34 +52,13 @@ struct blocked_keys {
   alibi::tensor_view<const T, 5> cview() const { return view; }
 };
 
-template <class T>
-void round_to(padded_tensor<float>& t) {
-  for (float& x : t.buf) x = static_cast<float>(static_cast<T>(x));
-}
-
-/// A T copy of t with the same geometry (NaN stays NaN).
-template <class T>
-padded_tensor<T> converted(const padded_tensor<float>& t, const case_spec& s) {
-  padded_tensor<T> r(t.view.extents[0], t.view.extents[1], t.view.extents[2], t.view.extents[3],
-                     s.bshd, static_cast<T>(t.fill), 3, s.aligned ? 8 : 5);
-  for (std::size_t e = 0; e < t.buf.size(); ++e) r.buf[e] = static_cast<T>(t.buf[e]);
-  return r;
-}
-
-struct run_result {
-  std::vector<float> out, lse;
-};
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 /// The eigen backend on c's q, K in blocks and V (rows) in T; out and lse dense.
 template <class T>
-run_result run_blocked(const case_data& c, const blocked_keys<T>& kb,
-                       const alibi::tensor_view<const T, 4>& v, int threads, bool skip = true) {
+alibi_test::out_lse run_blocked(const case_data& c, const blocked_keys<T>& kb,
+                                const alibi::tensor_view<const T, 4>& v, int threads,
+                                bool skip = true) {
   const case_spec& s = c.spec;
-  run_result r;
+  alibi_test::out_lse r;
   r.out.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0f);
   r.lse.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq), 0.0f);
   alibi::attention_params p = c.params;
@@ -86,27 +69,16 @@ run_result run_blocked(const case_data& c, const blocked_keys<T>& kb,
   return r;
 }
 
-/// The grid case with K/V rounded to T (exact for float) and K in blocks: the eigen
-/// backend against the oracle and the naive fp32 computation on the same values, under the
-/// fp32 tolerance rule; out and lse padded with guards.
+/// The grid case with K/V rounded to T (exact for float), K in blocks (check_stored).
 template <class T>
 alibi_test::comparison check_blocked(const case_spec& spec, int threads) {
-  case_data c(spec);
-  round_to<T>(c.k);
-  round_to<T>(c.v);
-  const blocked_keys<T> kb(c.k);
-  const padded_tensor<T> vt = converted<T>(c.v, spec);
-  const alibi_test::oracle_result ref = alibi_test::run_oracle(c);
-  const alibi_test::naive_result naive = alibi_test::run_naive_fp32(c);
-  padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.v_dim(), spec.bshd, 1234.5f);
-  std::vector<float> lse(static_cast<std::size_t>(spec.batch * spec.hq * spec.lq + 1), 1234.5f);
-  alibi::attention_params p = c.params;
-  p.logsumexp = alibi::make_view(lse.data(), spec.batch, spec.hq, spec.lq);
-  alibi::attention(alibi::backend::eigen{threads}, c.q.view, kb.cview(),
-                   alibi::tensor_view<const T, 4>(vt.view), out.view, p);
-  alibi_test::comparison r = alibi_test::compare(c, ref, naive, out, lse);
-  if (lse.back() != 1234.5f) ++r.guard_writes;
-  return r;
+  return alibi_test::check_stored<T>(
+      spec, [&](const case_data& c, const alibi::attention_params& p, auto out) {
+        const blocked_keys<T> kb(c.k);
+        const padded_tensor<T> vt = converted<T>(c.v, spec);
+        alibi::attention(alibi::backend::eigen{threads}, c.q.view, kb.cview(),
+                         alibi::tensor_view<const T, 4>(vt.view), out, p);
+      });
 }
 
 }  // namespace
@@ -175,9 +147,9 @@ TEMPLATE_TEST_CASE("K in blocks: results do not depend on the thread count",
     const blocked_keys<TestType> kb(c.k);
     const padded_tensor<TestType> vt = converted<TestType>(c.v, spec);
     const alibi::tensor_view<const TestType, 4> v(vt.view);
-    const run_result one = run_blocked(c, kb, v, 1);
+    const alibi_test::out_lse one = run_blocked(c, kb, v, 1);
     for (int threads : {2, 3, 8}) {
-      const run_result r = run_blocked(c, kb, v, threads);
+      const alibi_test::out_lse r = run_blocked(c, kb, v, threads);
       CHECK(same_bits(r.out, one.out));
       CHECK(same_bits(r.lse, one.lse));
     }
@@ -197,23 +169,13 @@ TEMPLATE_TEST_CASE("K in blocks, small calls: a GQA group equals its heads compu
       spec.window_left = lq == 1 ? 1001 : -1;
       INFO(spec.name() << (skip ? ", skipping" : ""));
       case_data c(spec);
-      case_spec mha = spec;
-      mha.hkv = spec.hq;
-      case_data d(mha);
-      const index_t g = spec.hq / spec.hkv;
-      for (index_t b = 0; b < spec.batch; ++b)
-        for (index_t h = 0; h < spec.hq; ++h)
-          for (index_t j = 0; j < spec.lk; ++j)
-            for (index_t e = 0; e < spec.d; ++e) {
-              d.k.view(b, h, j, e) = c.k.view(b, h / g, j, e);
-              d.v.view(b, h, j, e) = c.v.view(b, h / g, j, e);
-            }
+      const case_data d = alibi_test::per_head_copy(c);
       const blocked_keys<TestType> kc(c.k), kd(d.k);
       const padded_tensor<TestType> vc = converted<TestType>(c.v, spec),
-                                    vd = converted<TestType>(d.v, mha);
-      const run_result grouped =
+                                    vd = converted<TestType>(d.v, d.spec);
+      const alibi_test::out_lse grouped =
           run_blocked(c, kc, alibi::tensor_view<const TestType, 4>(vc.view), 2, skip);
-      const run_result alone =
+      const alibi_test::out_lse alone =
           run_blocked(c, kd, alibi::tensor_view<const TestType, 4>(vd.view), 2, skip);
       CHECK(same_bits(grouped.out, alone.out));
       CHECK(same_bits(grouped.lse, alone.lse));

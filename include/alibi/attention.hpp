@@ -405,10 +405,12 @@ status prepare(const Backend& backend, const tensor_view<TQ, 4>& q,
 
 /// Checks every argument without throwing (also the backend's own limits, such as the
 /// element types and head dims it implements). attention() performs exactly this check.
-template <class Backend, class TQ, class TK, class TV, class TO, class Isa = detail::isa_tag>
-status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
+template <class Backend, class TQ, class TK, int RK, class TV, class TO,
+          class Isa = detail::isa_tag>
+status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, RK> k,
                      tensor_view<TV, 4> v, tensor_view<TO, 4> out,
                      const attention_params& params = {}) {
+  static_assert(RK == 4 || RK == 5, "alibi::attention: k is a 4-D view, or 5-D for K in blocks");
   detail::attention_problem prob;
   detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa> t;
   return detail::prepare(backend, q, k, v, out, params, prob, t);
@@ -418,40 +420,23 @@ status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<T
 /// README. The backend is chosen by the type of `backend`. q may have another element type
 /// than k and v where the backend implements the combination. Throws alibi::error for
 /// invalid arguments (the message names the argument and what was expected).
-template <class Backend, class TQ, class TK, class TV, class TO, class Isa = detail::isa_tag>
-void attention(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
+///
+/// k is a (batch, kv_heads, k_len, head_dim) view, or, on the CPU backends, K in blocks of
+/// keys_per_block keys (alibi/key_blocks.hpp): a (batch, kv_heads, ceil(k_len / 16),
+/// head_dim, 16) view, each block a contiguous row-major (head_dim, 16) matrix, k_len taken
+/// from v. With blocks the contract and results are those of K as rows, under the tolerance
+/// rule (the eigen backend's decode products sum each score in another order); the eigen
+/// backend's decode products read the blocks in place, other calls convert each key tile.
+/// Keys past a sequence's length (k_len, k_lengths) that share a block with its last key may
+/// hold anything, NaN included: they are read with their block but never used.
+template <class Backend, class TQ, class TK, int RK, class TV, class TO,
+          class Isa = detail::isa_tag>
+void attention(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, RK> k,
                tensor_view<TV, 4> v, tensor_view<TO, 4> out, const attention_params& params = {}) {
+  static_assert(RK == 4 || RK == 5, "alibi::attention: k is a 4-D view, or 5-D for K in blocks");
   detail::attention_problem prob;
   detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa> t;
   detail::prepare(backend, q, k, v, out, params, prob, t).throw_if_failed();
-  detail::attention_impl<Backend>::run(backend, prob, t);
-}
-
-/// can_implement for K in blocks (alibi/key_blocks.hpp).
-template <class Backend, class TQ, class TK, class TV, class TO, class Isa = detail::isa_tag>
-status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 5> k_blocks,
-                     tensor_view<TV, 4> v, tensor_view<TO, 4> out,
-                     const attention_params& params = {}) {
-  detail::attention_problem prob;
-  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa> t;
-  return detail::prepare(backend, q, k_blocks, v, out, params, prob, t);
-}
-
-/// ALiBi attention with K in blocks of keys_per_block keys (alibi/key_blocks.hpp):
-/// k_blocks (batch, kv_heads, ceil(k_len / 16), head_dim, 16), each block a contiguous
-/// row-major (head_dim, 16) matrix, k_len taken from v. The same contract and results as
-/// with K as a (batch, kv_heads, k_len, head_dim) view, under the tolerance rule (the eigen
-/// backend's decode products sum each score in another order). On the eigen backend a
-/// decode step reads such K faster (the README's decode section); other calls convert each
-/// key tile. The CPU backends only. Keys past a sequence's length (k_len, k_lengths) that
-/// share a block with its last key may hold anything, NaN included: they are read with
-/// their block but never used.
-template <class Backend, class TQ, class TK, class TV, class TO, class Isa = detail::isa_tag>
-void attention(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 5> k_blocks,
-               tensor_view<TV, 4> v, tensor_view<TO, 4> out, const attention_params& params = {}) {
-  detail::attention_problem prob;
-  detail::attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa> t;
-  detail::prepare(backend, q, k_blocks, v, out, params, prob, t).throw_if_failed();
   detail::attention_impl<Backend>::run(backend, prob, t);
 }
 

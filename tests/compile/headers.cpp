@@ -2,9 +2,10 @@
 // Compiled (not run) by the "headers:" ctest tests with every compiler and standard CI
 // covers (g++ and clang++, C++17 and C++20) at -Wall -Wextra -Wpedantic -Werror, with Eigen
 // as a system include: <alibi/alibi.hpp> and the templates a CPU user instantiates first
-// (attention on both host backends with fp32 and half-precision K/V, the Eigen adapters,
-// safetensors, a Transformer layer with fp32 and fp16 KV caches, a model family's layer and
-// norm) must compile warning-free everywhere. Also compiled with -fno-exceptions and ALIBI_THROW defined.
+// (attention on both host backends with fp32 and half-precision K/V, K in blocks, the Eigen
+// adapters, safetensors, a Transformer layer with fp32 and fp16 KV caches, a model family's layer
+// and norm) must compile warning-free everywhere. Also compiled with -fno-exceptions and
+// ALIBI_THROW defined.
 #include <vector>
 
 #include <alibi/alibi.hpp>
@@ -29,6 +30,15 @@ void attention_calls(const std::vector<float>& q, std::vector<float>& out,
   alibi::attention(alibi::backend::eigen{2}, qv, kb16, kb16,
                    alibi::view_bshd(out.data(), 1, 4, 2, 8), params);
   alibi::attention(alibi::backend::reference{}, qv, k16, k16,
+                   alibi::view_bshd(ref.data(), 1, 4, 2, 8), params);
+  // K in blocks (alibi/key_blocks.hpp), written from rows.
+  std::vector<Eigen::half> blocks(static_cast<std::size_t>(4 * 16 * 8));
+  const auto kblk = alibi::make_key_blocks(blocks.data(), 1, 4, 2, 8);
+  alibi::store_key_blocks(alibi::tensor_view<const float, 4>(qv), kblk);
+  const alibi::tensor_view<const Eigen::half, 5> kc = kblk;
+  alibi::attention(alibi::backend::eigen{2}, qv, kc, k16, alibi::view_bshd(out.data(), 1, 4, 2, 8),
+                   params);
+  alibi::attention(alibi::backend::reference{}, qv, kc, k16,
                    alibi::view_bshd(ref.data(), 1, 4, 2, 8), params);
 }
 
