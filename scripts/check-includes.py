@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "include"
 # (layer, patterns): the first matching pattern gives a header its layer.
 LAYERS = [
     (0, [r"alibi/(config|error|tensor_view|version)\.hpp", r"alibi/backend/fwd\.hpp"]),
-    (1, [r"alibi/(slopes|bias)\.hpp"]),
+    (1, [r"alibi/(slopes|bias|key_blocks)\.hpp"]),
     (2, [r"alibi/problem\.hpp"]),
     (3, [r"alibi/detail/.*"]),
     (4, [r"alibi/(attention|attention_backward|merge|bias_matrix|eigen|safetensors)\.hpp",
