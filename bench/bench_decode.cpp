@@ -26,6 +26,10 @@
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
 // BM_small_products: the decode products alone on one cache-resident tile, GFLOP/s (product
 // 2: Q K^T from K in blocks).
+// BM_overlap_probe: a loop of a GQA-8 fp16 decode step's shape with none of alibi's kernel
+// (fp16 widened and used by four rows, 64 KiB per tile, the next tile's lines requested as
+// it goes): how far this machine overlaps such arithmetic with memory; counters as
+// BM_decode_kv.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -203,6 +207,35 @@ struct kv_store {
   }
 };
 
+/// Times step() once per iteration (manual time) and samples the read ceiling between the
+/// steps, as much time on it as on the steps at the most: this machine's bandwidth drifts by
+/// 1.5x within a run, so a ceiling measured once per process made ratios of 0.5 or 1.3 for
+/// the same code. Counters: KV_GB/s (`bytes` over the median step), ceiling_GB/s (the
+/// median sample) and of_ceiling (the first over the second).
+template <class Step>
+void steps_against_ceiling(benchmark::State& state, int threads, double bytes, Step&& step) {
+  step();  // untimed: the first read of freshly written K/V pages is slow on some guests
+  std::vector<double> times, rates;
+  double spent_steps = 0, spent_ceiling = 0;
+  for (auto _ : state) {
+    if (spent_ceiling <= spent_steps) {
+      const auto [rate, seconds] = ceiling_sample(threads);
+      rates.push_back(rate);
+      spent_ceiling += seconds;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(s);
+    times.push_back(s);
+    spent_steps += s;
+  }
+  const double rate = bytes / median(times), ceiling = median(rates);
+  state.counters["KV_GB/s"] = rate / 1e9;
+  state.counters["ceiling_GB/s"] = ceiling / 1e9;
+  state.counters["of_ceiling"] = rate / ceiling;
+}
+
 /// One decode step: q (32, 128) and out (32, 128) of one sequence, K as rows (kview) or in
 /// blocks (kblocks, when `blocked`).
 template <class T>
@@ -244,31 +277,8 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int thre
     alibi::key_norm_bounds(kview, alibi::make_view(bounds.data(), 1, hkv, blocks));
     p.key_norm_bounds = alibi::make_view<const float>(bounds.data(), 1, hkv, blocks);
   }
-  auto step = [&] { decode_call(be, q, kview, kblocks, blocked, vview, out, p); };
-  const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
-  // The ceiling is sampled between the steps (as much time on it as on the steps, at most):
-  // this machine's bandwidth drifts by 1.5x within a run, so a ceiling measured once per
-  // process made ratios of 0.5 or 1.3 for the same code. Each step is timed alone.
-  step();  // untimed: the first read of freshly written K/V pages is slow on some guests
-  std::vector<double> times, rates;
-  double spent_steps = 0, spent_ceiling = 0;
-  for (auto _ : state) {
-    if (spent_ceiling <= spent_steps) {
-      const auto [rate, seconds] = ceiling_sample(threads);
-      rates.push_back(rate);
-      spent_ceiling += seconds;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    state.SetIterationTime(s);
-    times.push_back(s);
-    spent_steps += s;
-  }
-  const double rate = bytes / median(times), ceiling = median(rates);
-  state.counters["KV_GB/s"] = rate / 1e9;
-  state.counters["ceiling_GB/s"] = ceiling / 1e9;
-  state.counters["of_ceiling"] = rate / ceiling;
+  steps_against_ceiling(state, threads, 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T),
+                        [&] { decode_call(be, q, kview, kblocks, blocked, vview, out, p); });
 }
 
 // Args: k_len, kv heads, K/V type (0 fp32, 1 fp16, 2 bf16), skip (0 off, 1 on, 2 on with
@@ -413,6 +423,89 @@ void BM_small_products(benchmark::State& state) {
                [&](auto type) { small_products<decltype(type)>(state, m, product); });
 }
 
+/// BM_overlap_probe's loop: one phase of a tile, 32 KiB of fp16 at `data`, `passes` times:
+/// each 128 bytes widened once and used by 4 rows (16 FMAs with AVX-512), as a GQA-8 fp16
+/// decode step's products use them. With Request, before each 128 bytes the lines of the next
+/// tile (its K, then its V: next[0] and next[1]) due by then are requested, evenly over the
+/// tile's `steps` steps, from a plain pointer.
+template <bool Request>
+ALIBI_FORCEINLINE void probe_phase(const char* data, const float* q, int passes,
+                                   const char* const* next, index_t steps, index_t& requested,
+                                   index_t& step, alibi::detail::cpu::packet* acc) {
+  namespace ei = Eigen::internal;
+  namespace cpu = alibi::detail::cpu;
+  constexpr index_t phase = index_t(32) << 10, chunk = 128, lines = 2 * phase / 64;
+  constexpr index_t np = chunk / 2 / cpu::lanes;  // packets per chunk
+  for (int r = 0; r < passes; ++r)
+    for (index_t b = 0; b < phase; b += chunk, ++step) {
+      if constexpr (Request)
+        for (; requested * steps < (step + 1) * lines; ++requested) {
+          const index_t l = requested;
+          __builtin_prefetch(l < lines / 2 ? next[0] + 64 * l : next[1] + 64 * (l - lines / 2), 0,
+                             3);
+          asm volatile("");  // keeps every request (kv_tiles.hpp says why)
+        }
+      const auto* h = reinterpret_cast<const Eigen::half*>(data + b);
+      cpu::packet x[np];
+      for (index_t c = 0; c < np; ++c) x[c] = cpu::load_shared(h + c * cpu::lanes);
+      for (index_t t = 0; t < 4; ++t) {
+        const auto w = ei::pset1<cpu::packet>(q[(4 * (b / chunk) + t) % 256]);
+        for (index_t c = 0; c < np; ++c) acc[t * np + c] = ei::pmadd(w, x[c], acc[t * np + c]);
+      }
+    }
+}
+
+/// What this machine allows a decode step whose arithmetic and memory take about as long
+/// as each other, with none of alibi's kernel: a loop of the GQA-8 fp16 step's shape. Per
+/// 128-key tile, a phase over 32 KiB of fp16 "K", then one over 32 KiB of "V" (probe_phase),
+/// 2048 tiles: the 128 MiB of BM_decode_kv/32768/8/1.
+/// Args: layout, passes (2: about the arithmetic per byte of alibi's GQA-8 fp16 step, all
+/// its overheads included; 1: half of it). layout 0: every tile reads the same 64 KiB
+/// (cache-resident: the arithmetic alone); 1: K in one region and V in another, as a cache
+/// keeps them, with the hardware prefetcher alone; 2: as 1 with the next tile's lines
+/// requested; 3: as 2 with each tile's K and V next to each other in one region.
+/// Counters as BM_decode_kv (one thread).
+void BM_overlap_probe(benchmark::State& state) {
+  namespace cpu = alibi::detail::cpu;
+  const auto layout = static_cast<int>(state.range(0));
+  const auto passes = static_cast<int>(state.range(1));
+  constexpr index_t phase = index_t(32) << 10, tiles = 2048, region = tiles * phase;
+  constexpr index_t np = 128 / 2 / cpu::lanes;
+  static const aligned_vector<Eigen::half> mem =
+      filled_as<Eigen::half>(static_cast<std::size_t>(region), 7);  // 2 regions of fp16
+  const char* const base = reinterpret_cast<const char*>(mem.data());
+  auto k_of = [&](index_t t) {
+    return layout == 0 ? base : base + (layout == 3 ? 2 * t : t) * phase;
+  };
+  auto v_of = [&](index_t t) {
+    return layout == 0 ? base + phase
+                       : base + (layout == 3 ? (2 * t + 1) * phase : region + t * phase);
+  };
+  const aligned_vector<float> q = filled(256, 3);
+  float sink = 0;
+  auto pass = [&] {
+    cpu::packet acc[4 * np];
+    for (auto& a : acc) a = Eigen::internal::pset1<cpu::packet>(0.0f);
+    const index_t steps = 2 * passes * (phase / 128);
+    for (index_t t = 0; t < tiles; ++t) {
+      const index_t n = std::min(t + 1, tiles - 1);
+      const char* const next[2] = {k_of(n), v_of(n)};
+      index_t requested = 0, step = 0;
+      if (layout >= 2) {
+        probe_phase<true>(k_of(t), q.data(), passes, next, steps, requested, step, acc);
+        probe_phase<true>(v_of(t), q.data(), passes, next, steps, requested, step, acc);
+      } else {
+        probe_phase<false>(k_of(t), q.data(), passes, next, steps, requested, step, acc);
+        probe_phase<false>(v_of(t), q.data(), passes, next, steps, requested, step, acc);
+      }
+    }
+    for (index_t i = 1; i < 4 * np; ++i) acc[0] = Eigen::internal::padd(acc[0], acc[i]);
+    sink += Eigen::internal::predux(acc[0]);
+  };
+  steps_against_ceiling(state, 1, static_cast<double>(2 * region), pass);
+  benchmark::DoNotOptimize(sink);
+}
+
 BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_read_prefetched)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1, 2}});
@@ -431,6 +524,10 @@ BENCHMARK(BM_decode_blocked)
 BENCHMARK(BM_decode_arith_blocked)
     ->ArgsProduct({{32768}, {32, 8}, {0, 1, 2}, {1, 2}})
     ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_overlap_probe)
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 2}})
+    ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_prefill_kv)
     ->ArgsProduct({{2048, 8192}, {64, 128}, {0, 1, 2}, {2}})
