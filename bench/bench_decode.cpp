@@ -423,6 +423,9 @@ void BM_small_products(benchmark::State& state) {
                [&](auto type) { small_products<decltype(type)>(state, m, product); });
 }
 
+/// BM_overlap_probe's bytes of K (or V) per tile: 128 keys of fp16 with D 128.
+constexpr index_t probe_phase_bytes = index_t(32) << 10;
+
 /// BM_overlap_probe's loop: one phase of a tile, 32 KiB of fp16 at `data`, `passes` times:
 /// each 128 bytes widened once and used by 4 rows (16 FMAs with AVX-512), as a GQA-8 fp16
 /// decode step's products use them. With Request, before each 128 bytes the lines of the next
@@ -434,7 +437,7 @@ ALIBI_FORCEINLINE void probe_phase(const char* data, const float* q, int passes,
                                    index_t& step, alibi::detail::cpu::packet* acc) {
   namespace ei = Eigen::internal;
   namespace cpu = alibi::detail::cpu;
-  constexpr index_t phase = index_t(32) << 10, chunk = 128, lines = 2 * phase / 64;
+  constexpr index_t phase = probe_phase_bytes, chunk = 128, lines = 2 * phase / 64;
   constexpr index_t np = chunk / 2 / cpu::lanes;  // packets per chunk
   for (int r = 0; r < passes; ++r)
     for (index_t b = 0; b < phase; b += chunk, ++step) {
@@ -469,7 +472,7 @@ void BM_overlap_probe(benchmark::State& state) {
   namespace cpu = alibi::detail::cpu;
   const auto layout = static_cast<int>(state.range(0));
   const auto passes = static_cast<int>(state.range(1));
-  constexpr index_t phase = index_t(32) << 10, tiles = 2048, region = tiles * phase;
+  constexpr index_t phase = probe_phase_bytes, tiles = 2048, region = tiles * phase;
   constexpr index_t np = 128 / 2 / cpu::lanes;
   static const aligned_vector<Eigen::half> mem =
       filled_as<Eigen::half>(static_cast<std::size_t>(region), 7);  // 2 regions of fp16
