@@ -428,21 +428,22 @@ constexpr index_t probe_phase_bytes = index_t(32) << 10;
 
 /// BM_overlap_probe's loop: one phase of a tile, 32 KiB of fp16 at `data`, `passes` times:
 /// each 128 bytes widened once and used by 4 rows (16 FMAs with AVX-512), as a GQA-8 fp16
-/// decode step's products use them. With Request, before each 128 bytes the lines of the next
-/// tile (its K, then its V: next[0] and next[1]) due by then are requested, evenly over the
-/// tile's `steps` steps, from a plain pointer.
+/// decode step's products use them. With Request, at step `due` (then every `burst` steps of
+/// 128 bytes) the lines of the next tile (its K, then its V: next[0] and next[1]) due by the
+/// end of the burst are requested, evenly over the tile's `steps` steps, from a plain pointer.
 template <bool Request>
 ALIBI_FORCEINLINE void probe_phase(const char* data, const float* q, int passes,
-                                   const char* const* next, index_t steps, index_t& requested,
-                                   index_t& step, alibi::detail::cpu::packet* acc) {
+                                   const char* const* next, index_t steps, index_t burst,
+                                   index_t& requested, index_t& due, index_t& step,
+                                   alibi::detail::cpu::packet* acc) {
   namespace ei = Eigen::internal;
   namespace cpu = alibi::detail::cpu;
   constexpr index_t phase = probe_phase_bytes, chunk = 128, lines = 2 * phase / 64;
   constexpr index_t np = chunk / 2 / cpu::lanes;  // packets per chunk
   for (int r = 0; r < passes; ++r)
     for (index_t b = 0; b < phase; b += chunk, ++step) {
-      if constexpr (Request)
-        for (; requested * steps < (step + 1) * lines; ++requested) {
+      if (Request && step == due)
+        for (due += burst; requested * steps < std::min(due, steps) * lines; ++requested) {
           const index_t l = requested;
           __builtin_prefetch(l < lines / 2 ? next[0] + 64 * l : next[1] + 64 * (l - lines / 2), 0,
                              3);
@@ -463,8 +464,9 @@ ALIBI_FORCEINLINE void probe_phase(const char* data, const float* q, int passes,
 /// 128-key tile, a phase over 32 KiB of fp16 "K", then one over 32 KiB of "V" (probe_phase),
 /// 2048 tiles: the 128 MiB of BM_decode_kv/32768/8/1.
 /// Args: layout, passes (2: about the arithmetic per byte of alibi's GQA-8 fp16 step, all
-/// its overheads included; 1: half of it). layout 0: every tile reads the same 64 KiB
-/// (cache-resident: the arithmetic alone); 1: K in one region and V in another, as a cache
+/// its overheads included; 1: half of it), burst (steps per request step: with passes 2,
+/// lines per request, as paced_prefetch's pieces of 4 lines). layout 0: every tile reads the same
+/// 64 KiB (cache-resident: the arithmetic alone); 1: K in one region and V in another, as a cache
 /// keeps them, with the hardware prefetcher alone; 2: as 1 with the next tile's lines
 /// requested; 3: as 2 with each tile's K and V next to each other in one region.
 /// Counters as BM_decode_kv (one thread).
@@ -472,6 +474,7 @@ void BM_overlap_probe(benchmark::State& state) {
   namespace cpu = alibi::detail::cpu;
   const auto layout = static_cast<int>(state.range(0));
   const auto passes = static_cast<int>(state.range(1));
+  const index_t burst = state.range(2);
   constexpr index_t phase = probe_phase_bytes, tiles = 2048, region = tiles * phase;
   constexpr index_t np = 128 / 2 / cpu::lanes;
   static const aligned_vector<Eigen::half> mem =
@@ -493,13 +496,15 @@ void BM_overlap_probe(benchmark::State& state) {
     for (index_t t = 0; t < tiles; ++t) {
       const index_t n = std::min(t + 1, tiles - 1);
       const char* const next[2] = {k_of(n), v_of(n)};
-      index_t requested = 0, step = 0;
+      index_t requested = 0, due = 0, step = 0;
       if (layout >= 2) {
-        probe_phase<true>(k_of(t), q.data(), passes, next, steps, requested, step, acc);
-        probe_phase<true>(v_of(t), q.data(), passes, next, steps, requested, step, acc);
+        probe_phase<true>(k_of(t), q.data(), passes, next, steps, burst, requested, due, step, acc);
+        probe_phase<true>(v_of(t), q.data(), passes, next, steps, burst, requested, due, step, acc);
       } else {
-        probe_phase<false>(k_of(t), q.data(), passes, next, steps, requested, step, acc);
-        probe_phase<false>(v_of(t), q.data(), passes, next, steps, requested, step, acc);
+        probe_phase<false>(k_of(t), q.data(), passes, next, steps, burst, requested, due, step,
+                           acc);
+        probe_phase<false>(v_of(t), q.data(), passes, next, steps, burst, requested, due, step,
+                           acc);
       }
     }
     for (index_t i = 1; i < 4 * np; ++i) acc[0] = Eigen::internal::padd(acc[0], acc[i]);
@@ -529,7 +534,9 @@ BENCHMARK(BM_decode_arith_blocked)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_overlap_probe)
-    ->ArgsProduct({{0, 1, 2, 3}, {1, 2}})
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 2}, {1}})
+    ->Args({2, 2, 4})
+    ->Args({2, 2, 16})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_prefill_kv)
