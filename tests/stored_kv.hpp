@@ -31,6 +31,23 @@ struct out_lse {
   std::vector<float> out, lse;
 };
 
+/// The eigen backend on c's q and the given K (rows, or in blocks) and V, with logsumexp and
+/// far-tile skipping as asked; out and lse dense.
+template <class TK, int RK, class TV>
+out_lse run_eigen(const case_data& c, const alibi::tensor_view<TK, RK>& k,
+                  const alibi::tensor_view<TV, 4>& v, int threads, bool skip = true) {
+  const case_spec& s = c.spec;
+  out_lse r;
+  r.out.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0f);
+  r.lse.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq), 0.0f);
+  alibi::attention_params p = c.params;
+  p.skip_far_tiles = skip;
+  p.logsumexp = alibi::make_view(r.lse.data(), s.batch, s.hq, s.lq);
+  alibi::attention(alibi::backend::eigen{threads}, c.q.view, k, v,
+                   alibi::make_view(r.out.data(), s.batch, s.hq, s.lq, s.v_dim()), p);
+  return r;
+}
+
 /// Bitwise equality, NaN included.
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -22,25 +22,10 @@ using alibi_test::case_spec;
 using alibi_test::converted;
 using alibi_test::padded_tensor;
 using alibi_test::round_to;
+using alibi_test::run_eigen;
 using alibi_test::same_bits;
 
 namespace {
-
-/// The eigen backend on c's q and the given K/V, with logsumexp; out and lse dense.
-template <class T>
-alibi_test::out_lse run_eigen(const case_data& c, const alibi::tensor_view<T, 4>& k,
-                              const alibi::tensor_view<T, 4>& v, int threads, bool skip = true) {
-  const case_spec& s = c.spec;
-  alibi_test::out_lse r;
-  r.out.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0f);
-  r.lse.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq), 0.0f);
-  alibi::attention_params p = c.params;
-  p.skip_far_tiles = skip;
-  p.logsumexp = alibi::make_view(r.lse.data(), s.batch, s.hq, s.lq);
-  alibi::attention(alibi::backend::eigen{threads}, c.q.view, k, v,
-                   alibi::make_view(r.out.data(), s.batch, s.hq, s.lq, s.v_dim()), p);
-  return r;
-}
 
 /// The grid case with K/V rounded to T, stored as T (check_stored).
 template <class T>

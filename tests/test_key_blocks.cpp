@@ -24,6 +24,7 @@ using alibi_test::case_spec;
 using alibi_test::converted;
 using alibi_test::padded_tensor;
 using alibi_test::round_to;
+using alibi_test::run_eigen;
 using alibi_test::same_bits;
 
 namespace {
@@ -51,23 +52,6 @@ struct blocked_keys {
   }
   alibi::tensor_view<const T, 5> cview() const { return view; }
 };
-
-/// The eigen backend on c's q, K in blocks and V (rows) in T; out and lse dense.
-template <class T>
-alibi_test::out_lse run_blocked(const case_data& c, const blocked_keys<T>& kb,
-                                const alibi::tensor_view<const T, 4>& v, int threads,
-                                bool skip = true) {
-  const case_spec& s = c.spec;
-  alibi_test::out_lse r;
-  r.out.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq * s.v_dim()), 0.0f);
-  r.lse.assign(static_cast<std::size_t>(s.batch * s.hq * s.lq), 0.0f);
-  alibi::attention_params p = c.params;
-  p.skip_far_tiles = skip;
-  p.logsumexp = alibi::make_view(r.lse.data(), s.batch, s.hq, s.lq);
-  alibi::attention(alibi::backend::eigen{threads}, c.q.view, kb.cview(), v,
-                   alibi::make_view(r.out.data(), s.batch, s.hq, s.lq, s.v_dim()), p);
-  return r;
-}
 
 /// The grid case with K/V rounded to T (exact for float), K in blocks (check_stored).
 template <class T>
@@ -147,9 +131,9 @@ TEMPLATE_TEST_CASE("K in blocks: results do not depend on the thread count",
     const blocked_keys<TestType> kb(c.k);
     const padded_tensor<TestType> vt = converted<TestType>(c.v, spec);
     const alibi::tensor_view<const TestType, 4> v(vt.view);
-    const alibi_test::out_lse one = run_blocked(c, kb, v, 1);
+    const alibi_test::out_lse one = run_eigen(c, kb.cview(), v, 1);
     for (int threads : {2, 3, 8}) {
-      const alibi_test::out_lse r = run_blocked(c, kb, v, threads);
+      const alibi_test::out_lse r = run_eigen(c, kb.cview(), v, threads);
       CHECK(same_bits(r.out, one.out));
       CHECK(same_bits(r.lse, one.lse));
     }
@@ -174,9 +158,9 @@ TEMPLATE_TEST_CASE("K in blocks, small calls: a GQA group equals its heads compu
       const padded_tensor<TestType> vc = converted<TestType>(c.v, spec),
                                     vd = converted<TestType>(d.v, d.spec);
       const alibi_test::out_lse grouped =
-          run_blocked(c, kc, alibi::tensor_view<const TestType, 4>(vc.view), 2, skip);
+          run_eigen(c, kc.cview(), alibi::tensor_view<const TestType, 4>(vc.view), 2, skip);
       const alibi_test::out_lse alone =
-          run_blocked(c, kd, alibi::tensor_view<const TestType, 4>(vd.view), 2, skip);
+          run_eigen(c, kd.cview(), alibi::tensor_view<const TestType, 4>(vd.view), 2, skip);
       CHECK(same_bits(grouped.out, alone.out));
       CHECK(same_bits(grouped.lse, alone.lse));
     }
