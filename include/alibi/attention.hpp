@@ -346,7 +346,7 @@ struct attention_tensors {
   /// 16). k then gives only the shape (its data is never read). Default: extents 0.
   tensor_view<const TKV, 5> k_blocks{};
 
-  bool keys_in_blocks() const { return k_blocks.extents[4] != 0; }
+  bool keys_in_blocks() const { return holds_key_blocks(k_blocks); }
 };
 
 /// The one argument check of alibi::attention and alibi::can_implement: the contract

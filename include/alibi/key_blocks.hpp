@@ -31,6 +31,13 @@ constexpr tensor_view<T, 5> make_key_blocks(T* data, index_t batch, index_t kv_h
   return make_view(data, batch, kv_heads, key_block_count(k_len), head_dim, keys_per_block);
 }
 
+/// Whether a K-in-blocks view holds blocks: where a call passes K as rows, its blocked view is
+/// left default-constructed (extents 0).
+template <class T>
+constexpr bool holds_key_blocks(const tensor_view<T, 5>& blocks) {
+  return blocks.extents[4] != 0;
+}
+
 /// Writes keys into blocks: key j of k (batch, kv_heads, n, head_dim) becomes key
 /// first_key + j of `blocks` (a view as make_key_blocks makes, any strides in its first
 /// three dimensions), converted with static_cast (rounded to nearest for Eigen::half and

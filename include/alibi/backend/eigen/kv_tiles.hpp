@@ -200,7 +200,7 @@ struct kv_source {
   tensor_view<const T, 4> k, v;
   tensor_view<const T, 5> kb{};
 
-  bool blocked() const { return kb.extents[4] != 0; }
+  bool blocked() const { return holds_key_blocks(kb); }
 
   /// The K (keys) or V rows of (b, hk) from key j0 on, in place (K in blocks: the blocks
   /// from the one holding j0 on).
