@@ -26,6 +26,9 @@
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
 // BM_small_products: the decode products alone on one cache-resident tile, GFLOP/s (product
 // 2: Q K^T from K in blocks).
+// BM_tile_products: both products of a tile (Q K^T, then P V) on one cache-resident tile,
+// with or without the step's prefetch schedule (paced_prefetch) ticking in them: what the
+// schedule's bookkeeping costs the arithmetic.
 // BM_overlap_probe: a loop of a GQA-8 fp16 decode step's shape with none of alibi's kernel
 // (fp16 widened and used by four rows, 64 KiB per tile, the next tile's lines requested as
 // it goes): how far this machine overlaps such arithmetic with memory; counters as
@@ -41,6 +44,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <alibi/backend/eigen/kv_tiles.hpp>
 #include <alibi/backend/eigen/small_rows.hpp>
 #include <alibi/backend/eigen/workspace.hpp>
 
@@ -423,6 +427,62 @@ void BM_small_products(benchmark::State& state) {
                [&](auto type) { small_products<decltype(type)>(state, m, product); });
 }
 
+/// Q K^T then P V on one 128-key tile with D 128 (K as rows or in blocks), as a decode step
+/// runs them on each tile. paced: the step's prefetch schedule plans this same tile as the
+/// "next" one (its lines are in L1, so the requests cost only their issue) and ticks in both
+/// products, as attend_heads' schedule does; otherwise the products tick into nothing.
+template <class T>
+void tile_products(benchmark::State& state, index_t m, bool blocked, bool paced) {
+  namespace cpu = alibi::detail::cpu;
+  index_t d = 128, bk = 128;
+  benchmark::DoNotOptimize(d);  // not constants to the compiler, as in a step
+  benchmark::DoNotOptimize(bk);
+  const aligned_vector<T> k = filled_as<T>(static_cast<std::size_t>(bk * d), 1),
+                          v = filled_as<T>(static_cast<std::size_t>(bk * d), 2);
+  const aligned_vector<float> q = filled(static_cast<std::size_t>(m * d), 3);
+  aligned_vector<float> s(static_cast<std::size_t>(m * bk)), o(static_cast<std::size_t>(m * d));
+  std::vector<const float*> qr(static_cast<std::size_t>(m)), pr(qr.size());
+  std::vector<float*> sr(qr.size()), orow(qr.size());
+  for (std::size_t t = 0; t < qr.size(); ++t) {
+    qr[t] = q.data() + static_cast<index_t>(t) * d;
+    sr[t] = s.data() + static_cast<index_t>(t) * bk;
+    pr[t] = sr[t];
+    orow[t] = o.data() + static_cast<index_t>(t) * d;
+  }
+  // K in blocks: the same bytes read as 8 blocks of (D, 16).
+  const cpu::tile_rows<T> kt =
+      blocked ? cpu::tile_rows<T>{k.data(), d * 16, true, 0} : cpu::tile_rows<T>{k.data(), d};
+  const cpu::tile_rows<T> vt{v.data(), d};
+  cpu::paced_prefetch ahead;
+  auto tick = [&](index_t keys) { ahead.tick(keys); };
+  for (auto _ : state) {
+    if (paced)
+      ahead.plan(kt, d, vt, d, bk);
+    else
+      ahead.plan_nothing();
+    if (blocked)
+      cpu::small_block_scores(qr.data(), m, kt.data, kt.ld, 0, bk, d, sr.data(), tick);
+    else
+      cpu::small_scores(qr.data(), m, kt.data, kt.ld, bk, d, sr.data(), tick);
+    // Scores of about 1 / 100 as probabilities: finite and of one scale, as after softmax.
+    for (float& x : s) x *= 1e-2f;
+    cpu::small_pv(pr.data(), m, vt.data, vt.ld, bk, d, static_cast<const index_t*>(nullptr), 0,
+                  orow.data(), tick);
+    ahead.finish();
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(m * bk * d) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: rows, K/V type (0 fp32, 1 fp16, 2 bf16), K layout (0 rows, 1 blocks), paced (0, 1).
+void BM_tile_products(benchmark::State& state) {
+  const index_t m = state.range(0);
+  const bool blocked = state.range(2) != 0, paced = state.range(3) != 0;
+  with_kv_type(state.range(1),
+               [&](auto type) { tile_products<decltype(type)>(state, m, blocked, paced); });
+}
+
 /// BM_overlap_probe's bytes of K (or V) per tile: 128 keys of fp16 with D 128.
 constexpr index_t probe_phase_bytes = index_t(32) << 10;
 
@@ -517,6 +577,7 @@ void BM_overlap_probe(benchmark::State& state) {
 BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_read_prefetched)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1, 2}});
+BENCHMARK(BM_tile_products)->ArgsProduct({{1, 4}, {0, 1, 2}, {0, 1}, {0, 1}});
 BENCHMARK(BM_decode_kv)
     ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1, 2}, {1, 2}})
     ->UseManualTime()
