@@ -29,6 +29,9 @@
 // BM_tile_products: both products of a tile (Q K^T, then P V) on one cache-resident tile,
 // with or without the step's prefetch schedule (paced_prefetch) ticking in them: what the
 // schedule's bookkeeping costs the arithmetic.
+// BM_stream_products: a GQA-8 half-precision step's products alone, tile after tile over
+// the step's K/V (streamed 1) or over L1-resident rows (0), with the step's prefetch schedule
+// and without its softmax and bookkeeping; counters as BM_decode_kv.
 // BM_overlap_probe: a loop of a GQA-8 fp16 decode step's shape with none of alibi's kernel
 // (fp16 widened and used by four rows, 64 KiB per tile, the next tile's lines requested as
 // it goes): how far this machine overlaps such arithmetic with memory; counters as
@@ -58,6 +61,13 @@ using alibi_bench::index_t;
 /// K/V row that starts 16 bytes past a line makes every packet load span two cache lines.
 template <class T>
 using aligned_vector = std::vector<T, alibi::detail::cpu::aligned_allocator<T>>;
+
+/// x, as a value the compiler cannot see. Not benchmark::DoNotOptimize on the variable: GCC 12
+/// gave stream_products a garbage head dimension after it (its "+m,r" operand).
+index_t opaque(index_t x) {
+  volatile index_t v = x;
+  return v;
+}
 
 /// A buffer of floats with a cheap deterministic fill (an LCG: gigabytes of normal samples
 /// would take longer than the benchmarks), values in [-1, 1).
@@ -387,11 +397,9 @@ template <class T>
 void small_products(benchmark::State& state, index_t m, int product) {
   const bool scores = product != 1;
   namespace cpu = alibi::detail::cpu;
-  index_t d = 128, bk = 128;
   // Not constants to the compiler: with a constant key count GCC warns about the products'
   // key-tail loop as if it could run past its bound.
-  benchmark::DoNotOptimize(d);
-  benchmark::DoNotOptimize(bk);
+  const index_t d = opaque(128), bk = opaque(128);
   const aligned_vector<T> k = filled_as<T>(static_cast<std::size_t>(bk * d), 1),
                           v = filled_as<T>(static_cast<std::size_t>(bk * d), 2);
   const aligned_vector<float> q = filled(static_cast<std::size_t>(m * d), 3);
@@ -427,6 +435,54 @@ void BM_small_products(benchmark::State& state) {
                [&](auto type) { small_products<decltype(type)>(state, m, product); });
 }
 
+/// m query rows (D 128) and their scores and output over 128-key tiles: the buffers of
+/// tile_products and stream_products.
+struct tile_rows_buffers {
+  aligned_vector<float> q, s, o;
+  std::vector<const float*> qr, pr;
+  std::vector<float*> sr, orow;
+  tile_rows_buffers(index_t m, index_t d, index_t bk)
+      : q(filled(static_cast<std::size_t>(m * d), 3)),
+        s(static_cast<std::size_t>(m * bk)),
+        o(static_cast<std::size_t>(m * d)),
+        qr(static_cast<std::size_t>(m)),
+        pr(qr.size()),
+        sr(qr.size()),
+        orow(qr.size()) {
+    for (std::size_t t = 0; t < qr.size(); ++t) {
+      qr[t] = q.data() + static_cast<index_t>(t) * d;
+      sr[t] = s.data() + static_cast<index_t>(t) * bk;
+      pr[t] = sr[t];
+      orow[t] = o.data() + static_cast<index_t>(t) * d;
+    }
+  }
+};
+
+/// One tile as a decode step runs its products: the schedule planned on the next tile (none
+/// when `next` is false), Q K^T, the scores scaled to about 1 / 100 (finite and of one scale,
+/// as probabilities after the softmax), P V, the rest of the requests.
+template <class T>
+void products_on_tile(tile_rows_buffers& rb, index_t m, index_t d, index_t bk,
+                      alibi::detail::cpu::tile_rows<T> k, alibi::detail::cpu::tile_rows<T> v,
+                      bool next, alibi::detail::cpu::tile_rows<T> next_k,
+                      alibi::detail::cpu::tile_rows<T> next_v,
+                      alibi::detail::cpu::paced_prefetch& ahead) {
+  namespace cpu = alibi::detail::cpu;
+  if (next)
+    ahead.plan(next_k, d, next_v, d, bk);
+  else
+    ahead.plan_nothing();
+  auto tick = [&](index_t keys) { ahead.tick(keys); };
+  if (k.blocked)
+    cpu::small_block_scores(rb.qr.data(), m, k.data, k.ld, k.offset, bk, d, rb.sr.data(), tick);
+  else
+    cpu::small_scores(rb.qr.data(), m, k.data, k.ld, bk, d, rb.sr.data(), tick);
+  for (float& x : rb.s) x *= 1e-2f;
+  cpu::small_pv(rb.pr.data(), m, v.data, v.ld, bk, d, static_cast<const index_t*>(nullptr), 0,
+                rb.orow.data(), tick);
+  ahead.finish();
+}
+
 /// Q K^T then P V on one 128-key tile with D 128 (K as rows or in blocks), as a decode step
 /// runs them on each tile. paced: the step's prefetch schedule plans this same tile as the
 /// "next" one (its lines are in L1, so the requests cost only their issue) and ticks in both
@@ -434,45 +490,63 @@ void BM_small_products(benchmark::State& state) {
 template <class T>
 void tile_products(benchmark::State& state, index_t m, bool blocked, bool paced) {
   namespace cpu = alibi::detail::cpu;
-  index_t d = 128, bk = 128;
-  benchmark::DoNotOptimize(d);  // not constants to the compiler, as in a step
-  benchmark::DoNotOptimize(bk);
+  const index_t d = opaque(128), bk = opaque(128);  // not constants, as in a step
   const aligned_vector<T> k = filled_as<T>(static_cast<std::size_t>(bk * d), 1),
                           v = filled_as<T>(static_cast<std::size_t>(bk * d), 2);
-  const aligned_vector<float> q = filled(static_cast<std::size_t>(m * d), 3);
-  aligned_vector<float> s(static_cast<std::size_t>(m * bk)), o(static_cast<std::size_t>(m * d));
-  std::vector<const float*> qr(static_cast<std::size_t>(m)), pr(qr.size());
-  std::vector<float*> sr(qr.size()), orow(qr.size());
-  for (std::size_t t = 0; t < qr.size(); ++t) {
-    qr[t] = q.data() + static_cast<index_t>(t) * d;
-    sr[t] = s.data() + static_cast<index_t>(t) * bk;
-    pr[t] = sr[t];
-    orow[t] = o.data() + static_cast<index_t>(t) * d;
-  }
+  tile_rows_buffers rb(m, d, bk);
   // K in blocks: the same bytes read as 8 blocks of (D, 16).
   const cpu::tile_rows<T> kt =
       blocked ? cpu::tile_rows<T>{k.data(), d * 16, true, 0} : cpu::tile_rows<T>{k.data(), d};
   const cpu::tile_rows<T> vt{v.data(), d};
   cpu::paced_prefetch ahead;
-  auto tick = [&](index_t keys) { ahead.tick(keys); };
   for (auto _ : state) {
-    if (paced)
-      ahead.plan(kt, d, vt, d, bk);
-    else
-      ahead.plan_nothing();
-    if (blocked)
-      cpu::small_block_scores(qr.data(), m, kt.data, kt.ld, 0, bk, d, sr.data(), tick);
-    else
-      cpu::small_scores(qr.data(), m, kt.data, kt.ld, bk, d, sr.data(), tick);
-    // Scores of about 1 / 100 as probabilities: finite and of one scale, as after softmax.
-    for (float& x : s) x *= 1e-2f;
-    cpu::small_pv(pr.data(), m, vt.data, vt.ld, bk, d, static_cast<const index_t*>(nullptr), 0,
-                  orow.data(), tick);
-    ahead.finish();
+    products_on_tile(rb, m, d, bk, kt, vt, paced, kt, vt, ahead);
     benchmark::ClobberMemory();
   }
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(m * bk * d) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// A GQA-8 decode step's products alone (32 query heads on 8 KV heads, D 128, k_len 32768):
+/// products_on_tile over every tile of every KV head in a step's order, the schedule
+/// requesting the next tile, with none of the step's softmax and bookkeeping. streamed: over
+/// the K/V of BM_decode_kv (K as rows or in blocks); otherwise over one tile per KV head
+/// (every tile reads the same K/V rows, which stay in L1: the arithmetic alone).
+template <class T>
+void stream_products(benchmark::State& state, bool blocked, bool streamed) {
+  namespace cpu = alibi::detail::cpu;
+  const index_t hkv = 8, lk = 32768, m = 4;
+  const index_t d = opaque(128), bk = opaque(128);
+  kv_store<T>& kv = kv_store<T>::get(hkv, lk);
+  const T* kb = blocked ? kv.blocks().data() : nullptr;
+  tile_rows_buffers rb(m, d, bk);
+  cpu::paced_prefetch ahead;
+  const index_t tiles = lk / bk, head = lk * d, block_stride = d * alibi::keys_per_block;
+  auto tile_of = [&](index_t h, index_t t) {
+    const index_t j = streamed ? t * bk : 0;
+    const cpu::tile_rows<T> k =
+        blocked ? cpu::tile_rows<T>{kb + h * head + j * d, block_stride, true, 0}
+                : cpu::tile_rows<T>{kv.k.data() + h * head + j * d, d};
+    return std::make_pair(k, cpu::tile_rows<T>{kv.v.data() + h * head + j * d, d});
+  };
+  auto step = [&] {
+    for (index_t h = 0; h < hkv; ++h)
+      for (index_t t = 0; t < tiles; ++t) {
+        const auto [k, v] = tile_of(h, t);
+        const bool next = t + 1 < tiles;
+        const auto [nk, nv] = tile_of(h, next ? t + 1 : t);
+        products_on_tile(rb, m, d, bk, k, v, next, nk, nv, ahead);
+      }
+    benchmark::ClobberMemory();
+  };
+  steps_against_ceiling(state, 1, 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T), step);
+}
+
+// Args: K/V type (1 fp16, 2 bf16), K layout (0 rows, 1 blocks), streamed (0, 1).
+void BM_stream_products(benchmark::State& state) {
+  const bool blocked = state.range(1) != 0, streamed = state.range(2) != 0;
+  with_kv_type(state.range(0),
+               [&](auto type) { stream_products<decltype(type)>(state, blocked, streamed); });
 }
 
 // Args: rows, K/V type (0 fp32, 1 fp16, 2 bf16), K layout (0 rows, 1 blocks), paced (0, 1).
@@ -578,6 +652,10 @@ BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_read_prefetched)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_small_products)->ArgsProduct({{1, 2, 4, 8}, {0, 1, 2}, {0, 1, 2}});
 BENCHMARK(BM_tile_products)->ArgsProduct({{1, 4}, {0, 1, 2}, {0, 1}, {0, 1}});
+BENCHMARK(BM_stream_products)
+    ->ArgsProduct({{1, 2}, {0, 1}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_kv)
     ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1, 2}, {1, 2}})
     ->UseManualTime()
