@@ -390,53 +390,8 @@ void BM_prefill_kv(benchmark::State& state) {
   with_kv_type(state.range(2), [&](auto type) { prefill<decltype(type)>(state, len, d, threads); });
 }
 
-/// The decode products alone (backend/eigen/small_rows.hpp) on one 128-key tile with D 128,
-/// small enough to stay in L1/L2: the arithmetic a decode step does per tile, without memory.
-/// product: 0 Q K^T, 1 P V, 2 Q K^T from K in blocks.
-template <class T>
-void small_products(benchmark::State& state, index_t m, int product) {
-  const bool scores = product != 1;
-  namespace cpu = alibi::detail::cpu;
-  // Not constants to the compiler: with a constant key count GCC warns about the products'
-  // key-tail loop as if it could run past its bound.
-  const index_t d = opaque(128), bk = opaque(128);
-  const aligned_vector<T> k = filled_as<T>(static_cast<std::size_t>(bk * d), 1),
-                          v = filled_as<T>(static_cast<std::size_t>(bk * d), 2);
-  const aligned_vector<float> q = filled(static_cast<std::size_t>(m * d), 3);
-  aligned_vector<float> s(static_cast<std::size_t>(m * bk), 1.0f / bk),
-      o(static_cast<std::size_t>(m * d));
-  std::vector<const float*> in(static_cast<std::size_t>(m));
-  std::vector<float*> out(static_cast<std::size_t>(m));
-  auto none = [](index_t) {};
-  for (index_t t = 0; t < m; ++t) {
-    in[static_cast<std::size_t>(t)] = scores ? q.data() + t * d : s.data() + t * bk;
-    out[static_cast<std::size_t>(t)] = scores ? s.data() + t * bk : o.data() + t * d;
-  }
-  for (auto _ : state) {
-    if (product == 2)  // the same bytes, read as blocks
-      cpu::small_block_scores(in.data(), m, k.data(), d * 16, 0, bk, d, out.data(), none);
-    else if (scores)
-      cpu::small_scores(in.data(), m, k.data(), d, bk, d, out.data(), none);
-    else
-      cpu::small_pv(in.data(), m, v.data(), d, bk, d, static_cast<const index_t*>(nullptr), 0,
-                    out.data(), none);
-    benchmark::ClobberMemory();
-  }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * bk * d) / 1e9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
-}
-
-// Args: rows, K/V type (0 fp32, 1 fp16, 2 bf16), product (0 Q K^T, 1 P V, 2 Q K^T from K
-// in blocks).
-void BM_small_products(benchmark::State& state) {
-  const index_t m = state.range(0);
-  const auto product = static_cast<int>(state.range(2));
-  with_kv_type(state.range(1),
-               [&](auto type) { small_products<decltype(type)>(state, m, product); });
-}
-
 /// m query rows (D 128) and their scores and output over 128-key tiles: the buffers of
-/// tile_products and stream_products.
+/// small_products, tile_products and stream_products.
 struct tile_rows_buffers {
   aligned_vector<float> q, s, o;
   std::vector<const float*> qr, pr;
@@ -457,6 +412,45 @@ struct tile_rows_buffers {
     }
   }
 };
+
+/// The decode products alone (backend/eigen/small_rows.hpp) on one 128-key tile with D 128,
+/// small enough to stay in L1/L2: the arithmetic a decode step does per tile, without memory.
+/// product: 0 Q K^T, 1 P V, 2 Q K^T from K in blocks.
+template <class T>
+void small_products(benchmark::State& state, index_t m, int product) {
+  const bool scores = product != 1;
+  namespace cpu = alibi::detail::cpu;
+  // Not constants to the compiler: with a constant key count GCC warns about the products'
+  // key-tail loop as if it could run past its bound.
+  const index_t d = opaque(128), bk = opaque(128);
+  const aligned_vector<T> k = filled_as<T>(static_cast<std::size_t>(bk * d), 1),
+                          v = filled_as<T>(static_cast<std::size_t>(bk * d), 2);
+  tile_rows_buffers rb(m, d, bk);
+  std::fill(rb.s.begin(), rb.s.end(), 1.0f / static_cast<float>(bk));  // P V's probabilities
+  const float* const* in = scores ? rb.qr.data() : rb.pr.data();
+  float* const* out = scores ? rb.sr.data() : rb.orow.data();
+  auto none = [](index_t) {};
+  for (auto _ : state) {
+    if (product == 2)  // the same bytes, read as blocks
+      cpu::small_block_scores(in, m, k.data(), d * alibi::keys_per_block, 0, bk, d, out, none);
+    else if (scores)
+      cpu::small_scores(in, m, k.data(), d, bk, d, out, none);
+    else
+      cpu::small_pv(in, m, v.data(), d, bk, d, static_cast<const index_t*>(nullptr), 0, out, none);
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * bk * d) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: rows, K/V type (0 fp32, 1 fp16, 2 bf16), product (0 Q K^T, 1 P V, 2 Q K^T from K
+// in blocks).
+void BM_small_products(benchmark::State& state) {
+  const index_t m = state.range(0);
+  const auto product = static_cast<int>(state.range(2));
+  with_kv_type(state.range(1),
+               [&](auto type) { small_products<decltype(type)>(state, m, product); });
+}
 
 /// One tile as a decode step runs its products: the schedule planned on the next tile (none
 /// when `next` is false), Q K^T, the scores scaled to about 1 / 100 (finite and of one scale,
@@ -495,8 +489,9 @@ void tile_products(benchmark::State& state, index_t m, bool blocked, bool paced)
                           v = filled_as<T>(static_cast<std::size_t>(bk * d), 2);
   tile_rows_buffers rb(m, d, bk);
   // K in blocks: the same bytes read as 8 blocks of (D, 16).
-  const cpu::tile_rows<T> kt =
-      blocked ? cpu::tile_rows<T>{k.data(), d * 16, true, 0} : cpu::tile_rows<T>{k.data(), d};
+  const cpu::tile_rows<T> kt = blocked
+                                   ? cpu::tile_rows<T>{k.data(), d * alibi::keys_per_block, true, 0}
+                                   : cpu::tile_rows<T>{k.data(), d};
   const cpu::tile_rows<T> vt{v.data(), d};
   cpu::paced_prefetch ahead;
   for (auto _ : state) {
