@@ -70,8 +70,9 @@ struct tile_rows {
 };
 
 /// Requests the K and V rows of the next key tile from memory while the products work on
-/// the tile in hand, a few cache lines at a time at the products' regular calls to tick(),
-/// spread over the whole tile: the next tile's K lines first, then its V lines.
+/// the tile in hand: its K lines a few at a time at the ticks of Q K^T (tick<keys_phase>),
+/// its V lines at the ticks of P V (tick<values_phase>), each spread over as many ticks as
+/// that product made on the last tile.
 ///
 /// Why spread: a core has few line-fill buffers, and a burst of requests (a tile's K during
 /// the first rows' Q K^T, a block of V rows before their P V) holds the arithmetic until most
@@ -80,11 +81,22 @@ struct tile_rows {
 /// streamed per "tile" with 8.5 ms of L1-resident FMAs over the run, 12-14 ms of memory
 /// alone): 22.7 ms with the hardware prefetcher alone, 20.9 ms with each next tile requested
 /// in one burst, 14.7 ms with its lines spread over the arithmetic.
+///
+/// Why a tick is a fixed count of requests from a pointer, with no schedule: it runs inside
+/// the products' FMA chains. The previous schedule (one queue of K then V pieces, each tick
+/// weighed by its keys, a period and a due count) made the products of 4 rows of a tile in
+/// L1 1.2-1.35x slower than without it, this one 1.04-1.07x (BM_tile_products, fp16 and
+/// bf16, K as rows and in blocks); GQA-8 fp16 decode steps' arithmetic 1.1x (K as rows) to
+/// 1.2x (K in blocks) faster (scripts/decode-ab.sh). The steps: half-precision GQA-8 with
+/// K in blocks 1.05-1.12x faster, the others within this guest's noise, except fp32 GQA-8,
+/// 0.96-1.08x slower although its requests are exactly those of the previous schedule.
 class paced_prefetch {
  public:
+  /// Which product a tick comes from: Q K^T requests the next K, P V the next V.
+  enum phase : int { keys_phase = 0, values_phase = 1 };
+
   /// The rows to request: the K rows of n keys (n rows of d elements, or the blocks that
-  /// hold them), then n rows of dv elements from v. They are spread over as many ticks as
-  /// the last tile took, in pieces of at most piece_lines lines.
+  /// hold them), then n rows of dv elements from v.
   template <class T>
   void plan(tile_rows<T> k, index_t d, tile_rows<T> v, index_t dv, index_t n) {
     if (n <= 0) {
@@ -94,102 +106,89 @@ class paced_prefetch {
     constexpr auto size = static_cast<index_t>(sizeof(T));
     const index_t k_rows = k.blocked ? key_block_count(k.offset + n) : n;
     const index_t k_width = k.blocked ? d * keys_per_block : d;
-    streams_[0] = {reinterpret_cast<const char*>(k.data), k.ld * size, (k_width * size + 63) / 64,
-                   k_rows};
-    streams_[1] = {reinterpret_cast<const char*>(v.data), v.ld * size, (dv * size + 63) / 64, n};
-    start_stream(0);
-    auto pieces = [](const row_set& r) {
-      return r.rows * ((r.lines + piece_lines - 1) / piece_lines);
-    };
-    const index_t total = pieces(streams_[0]) + pieces(streams_[1]);
-    // The first tile has no count yet: a piece per tick, the rest at finish().
-    const index_t ticks = std::max<index_t>(last_ticks_, 1);
-    group_ = last_ticks_ > 0 ? std::max<index_t>(1, (total + ticks - 1) / ticks) : 1;
-    period_ = std::max<index_t>(1, ticks * group_ / std::max<index_t>(total, 1));
-    wait_ = period_;
-    ticks_ = 0;
+    streams_[keys_phase].plan(reinterpret_cast<const char*>(k.data), k.ld * size, k_width * size,
+                              k_rows);
+    streams_[values_phase].plan(reinterpret_cast<const char*>(v.data), v.ld * size, dv * size, n);
   }
 
   /// Nothing to request for the next tile (there is none, or the hardware prefetcher keeps up).
   void plan_nothing() {
-    stream_ = 2;
-    wait_ = max_wait;
-    ticks_ = 0;
+    for (request_stream& s : streams_) s.plan_nothing();
   }
 
-  /// A step of the products over `keys` keys of one block of rows: every period_ keys, the
-  /// next group_ pieces.
-  ALIBI_FORCEINLINE void tick(index_t keys) {
-    ticks_ += keys;
-    wait_ -= keys;
-    if (wait_ <= 0) issue_due();
+  /// A step of one product: the next chunks of its stream.
+  template <int Phase>
+  ALIBI_FORCEINLINE void tick() {
+    streams_[Phase].tick();
   }
 
-  /// Requests what is left of the plan, and keeps the tile's tick count for the next plan.
+  /// Requests what is left of the plan, and keeps the tile's tick counts for the next plan.
   void finish() {
-    issue(max_wait);
-    last_ticks_ = ticks_;
+    for (request_stream& s : streams_) s.finish();
   }
 
  private:
-  static constexpr index_t max_wait = index_t(1) << 62;
-  // Lines per request step: a whole row of D 128 in half precision, half a row in fp32
-  // (whole fp32 rows, 8 lines at a time, measured 1.2x slower on fp32 GQA-8 decode).
-  static constexpr index_t piece_lines = 4;
-  struct row_set {
-    const char* data;
-    index_t ld, lines, rows;
-  };
+  /// The lines of one product's next rows: `left` chunks of `lines` lines, `stride` bytes
+  /// apart, per_tick chunks per tick.
+  struct request_stream {
+    const char* p = nullptr;
+    index_t stride = 0, lines = 0, left = 0, per_tick = 1, ticks = 0, last_ticks = 0;
 
-  void start_stream(index_t s) {
-    stream_ = s;
-    line_ = 0;
-    if (s < 2) {
-      row_ = streams_[s].data;
-      left_ = streams_[s].rows;
+    /// rows rows of `bytes` bytes, ld bytes apart.
+    void plan(const char* data, index_t ld, index_t bytes, index_t rows) {
+      p = data;
+      if (ld == bytes && bytes % 64 == 0) {
+        // One contiguous run (a dense cache): one chunk per tick, as many lines as spread
+        // the run over the ticks of the last tile (the first tile: 4 lines, the rest at
+        // finish()). The last chunk may reach a few lines past the run: a prefetch never
+        // faults, whatever the address.
+        const index_t run = bytes / 64 * rows;
+        lines = last_ticks > 0 ? std::max<index_t>(1, (run + last_ticks - 1) / last_ticks) : 4;
+        stride = 64 * lines;
+        left = (run + lines - 1) / lines;
+        per_tick = 1;
+      } else {  // whole rows, as many per tick as spread them over the ticks of the last tile
+        lines = (bytes + 63) / 64;
+        stride = ld;
+        left = rows;
+        per_tick = last_ticks > 0 ? (rows + last_ticks - 1) / last_ticks : 1;
+      }
+      ticks = 0;
     }
-  }
 
-  /// group_ pieces for every period_ keys that went by.
-  void issue_due() {
-    index_t count = 0;
-    for (; wait_ <= 0; wait_ += period_) count += group_;
-    issue(count);
-  }
+    void plan_nothing() {
+      left = 0;
+      ticks = 0;
+    }
 
-  /// The next `count` pieces. The bookkeeping is per piece: per line it cost as much as the
-  /// requests themselves (fp16 decode at 32768 keys 1.15x faster without it, one thread).
-  void issue(index_t count) {
-    for (; count > 0 && stream_ < 2; --count) {
-      const row_set& r = streams_[stream_];
-      const char* const row = row_;
-      const index_t begin = line_, end = std::min(begin + piece_lines, r.lines);
-      for (index_t l = begin; l < end; ++l) {
+    ALIBI_FORCEINLINE void tick() {
+      ++ticks;
+      for (index_t c = 0; c < per_tick && left > 0; ++c) request_chunk();
+    }
+
+    void finish() {
+      while (left > 0) request_chunk();
+      last_ticks = ticks;
+    }
+
+    ALIBI_FORCEINLINE void request_chunk() {
+      for (index_t l = 0; l < lines; ++l) {
         // Into L1 and L2 (prefetcht0 on x86). The lines of a whole tile do not all stay in
         // L1, but each arrives there instead of one level further: measured against
         // prefetcht1 with both versions alternating call by call (k_len 32768, 16 calls
         // each, medians, 1 and 2 threads), half-precision MHA decode 1.05-1.10x faster, GQA-8
         // 0.995-1.025x (fp32 MHA requests nothing: the hardware prefetcher keeps up there).
-        __builtin_prefetch(row + 64 * l, 0, 3);
+        __builtin_prefetch(p + 64 * l, 0, 3);
         // GCC may delete a loop that only prefetches (to it a prefetch has no effect); an
         // empty volatile asm statement keeps every request.
         asm volatile("");
       }
-      if (end < r.lines) {
-        line_ = end;
-        continue;
-      }
-      line_ = 0;
-      row_ = row + r.ld;
-      if (--left_ == 0) start_stream(stream_ + 1);
+      p += stride;
+      --left;
     }
-    if (stream_ == 2) wait_ = max_wait;
-  }
+  };
 
-  row_set streams_[2] = {};
-  const char* row_ = nullptr;
-  index_t stream_ = 2, left_ = 0, line_ = 0;
-  index_t group_ = 1, period_ = 1, wait_ = max_wait, ticks_ = 0, last_ticks_ = 0;
+  request_stream streams_[2];
 };
 
 /// K (B, Hkv, Lk, D) and V (B, Hkv, Lk, Dv) of a call in storage type T; K either as rows

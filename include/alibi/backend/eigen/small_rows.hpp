@@ -360,9 +360,9 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
 /// broadcast, elements in ascending order. So a score is a chain of FMAs over e that
 /// depends on nothing but its own row and key (not on R, NB or the rows beside it), there
 /// are no horizontal sums, and each K packet is loaded (and widened) once for all R rows.
-/// pace(NB) before every 8 elements: NB * 16 ticks per block of keys, 8 keys' worth at a
-/// time as the row products tick (every 16 elements, twice the pieces per request step,
-/// was 1.03-1.4x slower on decode steps in this guest's noise).
+/// pace(NB) before every 8 elements (every 16, with the schedule paced_prefetch had before
+/// its ticks became a fixed count of requests, was 1.03-1.4x slower on decode steps in this
+/// guest's noise).
 template <int R, int NB, class T, class Pace>
 ALIBI_FORCEINLINE void block_products(const float* const* q, const T* k, index_t ldk, index_t u,
                                       index_t d, packet* acc, Pace& pace) {
@@ -459,7 +459,8 @@ void small_block_scores(const float* const* q, index_t m, const T* k, index_t ld
 /// the R x C packets of o stay in registers while the keys go by in ascending order (v_j at
 /// v + j * ldv, stored as T), and each V packet is loaded (and widened) once for all R rows.
 /// Each key's R x C products are independent, so the FMA units stay busy even though every
-/// packet's own sum is a chain over the keys. pace(1) before every key.
+/// packet's own sum is a chain over the keys. pace(1) before every key (a tick every 4 keys,
+/// so requests 4 times larger, saved arithmetic but made fp16 MHA decode steps 1.07x slower).
 template <int R, int C, class T, class Pace>
 ALIBI_FORCEINLINE void pv_packets(const float* const* p, const T* v, index_t ldv, index_t jb,
                                   index_t je, float* const* o, Pace& pace) {
