@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: MIT
+// One decode call (one query token, 32 query heads, D 128, far-tile skipping off) through
+// alibi::attention, compiled once per version of alibi's headers by scripts/decode-ab.sh:
+// ALIBI_AB_STEP names this version's function, and the script gives each version's CPU code
+// its own inline namespace so that both live in one program.
+#include <alibi/alibi.hpp>
+#include <alibi/key_blocks.hpp>
+
+namespace {
+
+using alibi::index_t;
+
+template <class T>
+void call(int threads, const float* q, const T* k, const T* kb, const T* v, float* out, index_t hkv,
+          index_t lk, bool streamed, bool blocked) {
+  const index_t hq = 32, d = 128, nb = alibi::key_block_count(lk);
+  alibi::attention_params p;
+  p.mask.causal = true;
+  p.skip_far_tiles = false;
+  const alibi::backend::eigen be{threads};
+  const auto qv = alibi::make_view<const float>(q, 1, hq, 1, d);
+  const auto ov = alibi::make_view(out, 1, hq, 1, d);
+  // Not streamed: a key stride of 0, every key reads the same L1-resident row (the
+  // arithmetic alone).
+  const index_t key_stride = streamed ? d : 0;
+  const auto kview = alibi::make_strided_view<const T, 4>(
+      k, {1, hkv, lk, d}, {hkv * lk * d, streamed ? lk * d : d, key_stride, 1});
+  const auto vview = alibi::make_strided_view<const T, 4>(
+      v, {1, hkv, lk, d}, {hkv * lk * d, streamed ? lk * d : d, key_stride, 1});
+  if (blocked) {
+    const index_t block = d * alibi::keys_per_block;
+    const auto kblocks =
+        alibi::make_strided_view<const T, 5>(kb, {1, hkv, nb, d, alibi::keys_per_block},
+                                             {hkv * nb * block, streamed ? nb * block : block,
+                                              streamed ? block : 0, alibi::keys_per_block, 1});
+    alibi::attention(be, qv, kblocks, vview, ov, p);
+  } else {
+    alibi::attention(be, qv, kview, vview, ov, p);
+  }
+}
+
+}  // namespace
+
+/// type 0 fp32, 1 fp16, 2 bf16 K/V (k: K as rows, kb: K in blocks; the timing does not
+/// depend on their values).
+void ALIBI_AB_STEP(int type, int threads, const float* q, const void* k, const void* kb,
+                   const void* v, float* out, index_t hkv, index_t lk, bool streamed,
+                   bool blocked) {
+  if (type == 1)
+    call(threads, q, static_cast<const Eigen::half*>(k), static_cast<const Eigen::half*>(kb),
+         static_cast<const Eigen::half*>(v), out, hkv, lk, streamed, blocked);
+  else if (type == 2)
+    call(threads, q, static_cast<const Eigen::bfloat16*>(k),
+         static_cast<const Eigen::bfloat16*>(kb), static_cast<const Eigen::bfloat16*>(v), out, hkv,
+         lk, streamed, blocked);
+  else
+    call(threads, q, static_cast<const float*>(k), static_cast<const float*>(kb),
+         static_cast<const float*>(v), out, hkv, lk, streamed, blocked);
+}
