@@ -21,6 +21,9 @@
 // same row, which stays in L1): all of the step's arithmetic and bookkeeping without its
 // memory traffic; counter bound_GB/s, the K/V bytes the real step streams over this time,
 // the most a step could read per second before its arithmetic, not memory, limits it.
+// BM_fma_floor: the multiply-adds of such a step (32 query heads, D 128, k_len keys) as
+// independent packet FMAs in registers on one thread: the core's peak, the least time any
+// step's arithmetic can take; bound_GB/s as BM_decode_arith's, for fp16 K/V.
 // BM_decode_blocked / BM_decode_arith_blocked: the same with K in blocks of 16 keys
 // (alibi/key_blocks.hpp; a copy of the same keys).
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
@@ -359,6 +362,36 @@ void BM_decode_arith_blocked(benchmark::State& state) {
                [&](auto type) { decode_arith<decltype(type)>(state, lk, hkv, threads, true); });
 }
 
+/// The FMAs of a decode step at the core's peak: Hq k_len (D + Dv) multiply-adds (Q K^T and
+/// P V) as packet FMAs in 16 independent chains in registers, which no load, conversion or
+/// dependency holds back, on one thread. No step's arithmetic can take less on one core:
+/// with bound_GB/s (the K/V bytes of the fp16 step over this time) it says how much of the
+/// step's memory time its FMAs alone fill.
+void BM_fma_floor(benchmark::State& state) {
+  namespace ei = Eigen::internal;
+  namespace cpu = alibi::detail::cpu;
+  const index_t lk = state.range(0), hkv = state.range(1), hq = 32, d = 128;
+  constexpr int chains = 16;
+  const index_t steps = opaque(hq * lk * 2 * d / (chains * cpu::lanes));
+  const cpu::packet x = ei::pset1<cpu::packet>(0.999f), y = ei::pset1<cpu::packet>(1e-4f);
+  float sink = 0;
+  for (auto _ : state) {
+    // Each chain starts from its own value: chains the compiler can prove equal, it merges.
+    cpu::packet acc[chains];
+    for (int c = 0; c < chains; ++c) acc[c] = ei::pset1<cpu::packet>(1e-3f * static_cast<float>(c));
+    for (index_t i = 0; i < steps; ++i) {
+#pragma GCC unroll 16
+      for (int c = 0; c < chains; ++c) acc[c] = ei::pmadd(acc[c], x, y);
+    }
+    for (int c = 1; c < chains; ++c) acc[0] = ei::padd(acc[0], acc[c]);
+    sink += ei::predux(acc[0]);
+  }
+  benchmark::DoNotOptimize(sink);
+  const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(Eigen::half);
+  state.counters["bound_GB/s"] =
+      benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 template <class T>
 void prefill(benchmark::State& state, index_t len, index_t d, int threads) {
   const index_t h = 16;
@@ -466,14 +499,15 @@ void products_on_tile(tile_rows_buffers& rb, index_t m, index_t d, index_t bk,
     ahead.plan(next_k, d, next_v, d, bk);
   else
     ahead.plan_nothing();
-  auto tick = [&](index_t keys) { ahead.tick(keys); };
+  auto tick_k = [&](index_t) { ahead.tick<cpu::paced_prefetch::keys_phase>(); };
+  auto tick_v = [&](index_t) { ahead.tick<cpu::paced_prefetch::values_phase>(); };
   if (k.blocked)
-    cpu::small_block_scores(rb.qr.data(), m, k.data, k.ld, k.offset, bk, d, rb.sr.data(), tick);
+    cpu::small_block_scores(rb.qr.data(), m, k.data, k.ld, k.offset, bk, d, rb.sr.data(), tick_k);
   else
-    cpu::small_scores(rb.qr.data(), m, k.data, k.ld, bk, d, rb.sr.data(), tick);
+    cpu::small_scores(rb.qr.data(), m, k.data, k.ld, bk, d, rb.sr.data(), tick_k);
   for (float& x : rb.s) x *= 1e-2f;
   cpu::small_pv(rb.pr.data(), m, v.data, v.ld, bk, d, static_cast<const index_t*>(nullptr), 0,
-                rb.orow.data(), tick);
+                rb.orow.data(), tick_v);
   ahead.finish();
 }
 
@@ -655,6 +689,7 @@ BENCHMARK(BM_decode_kv)
     ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1, 2}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_fma_floor)->Args({32768, 8})->Args({32768, 32})->UseRealTime();
 BENCHMARK(BM_decode_arith)
     ->ArgsProduct({{32768}, {32, 8}, {0, 1, 2}, {1, 2}})
     ->UseRealTime()
