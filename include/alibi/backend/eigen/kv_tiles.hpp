@@ -87,9 +87,10 @@ struct tile_rows {
 /// weighed by its keys, a period and a due count) made the products of 4 rows of a tile in
 /// L1 1.2-1.35x slower than without it, this one 1.04-1.07x (BM_tile_products, fp16 and
 /// bf16, K as rows and in blocks); GQA-8 fp16 decode steps' arithmetic 1.1x (K as rows) to
-/// 1.2x (K in blocks) faster (scripts/decode-ab.sh). The steps: half-precision GQA-8 with
-/// K in blocks 1.05-1.12x faster, the others within this guest's noise, except fp32 GQA-8,
-/// 0.96-1.08x slower although its requests are exactly those of the previous schedule.
+/// 1.2x (K in blocks) faster. The steps (scripts/decode-ab.sh, k_len 32768, 1 and 2 threads,
+/// two runs): half precision 1.0-1.14x faster, most with K in blocks; fp32 GQA-8 1.03-1.06x
+/// slower, although its requests are exactly those of the previous schedule (the same lines
+/// at the same ticks, only sooner).
 class paced_prefetch {
  public:
   /// Which product a tick comes from: Q K^T requests the next K, P V the next V.

@@ -460,7 +460,8 @@ void small_block_scores(const float* const* q, index_t m, const T* k, index_t ld
 /// v + j * ldv, stored as T), and each V packet is loaded (and widened) once for all R rows.
 /// Each key's R x C products are independent, so the FMA units stay busy even though every
 /// packet's own sum is a chain over the keys. pace(1) before every key (a tick every 4 keys,
-/// so requests 4 times larger, saved arithmetic but made fp16 MHA decode steps 1.07x slower).
+/// so requests 4 times larger, saved arithmetic but made fp16 MHA decode steps 1.07x slower
+/// on one thread).
 template <int R, int C, class T, class Pace>
 ALIBI_FORCEINLINE void pv_packets(const float* const* p, const T* v, index_t ldv, index_t jb,
                                   index_t je, float* const* o, Pace& pace) {
