@@ -184,3 +184,48 @@ TEST_CASE("far-tile skipping with the caller's key-norm bounds", "[skip]") {
     CHECK(x < std::sqrt(8.0f) * (1 + 1e-5f));
   }
 }
+
+TEST_CASE("the side tests every skipping backend shares (detail::left/right_negligible)",
+          "[skip]") {
+  using alibi::detail::far_row;
+  using alibi::detail::far_tile_bound;
+  const far_tile_bound bd = far_tile_bound::make(1.0f, 1.0f);  // scale 1, slope 1
+  // A row at t0 = 1000 with keys [0, 1001), having seen a score of 0 (base 2) with sum 1.
+  far_row r;
+  r.t0 = 1000, r.begin = 0, r.end = 1001, r.shift = 0, r.qnorm = 1.0f;
+  r.state.m = 0.0f, r.state.l = 1.0f;
+  // Keys 100 and more positions away: exp(1 - 100) / (1 - e^-1) is far below 2^-25.
+  CHECK(alibi::detail::left_negligible(bd, r, 1.0f, 901));
+  // 10 positions away: exp(1 - 10) / (1 - e^-1) = 2e-4 is not.
+  CHECK_FALSE(alibi::detail::left_negligible(bd, r, 1.0f, 991));
+  // Larger key norms back the bound off: |q| |k| = 200 against a distance of 100.
+  CHECK_FALSE(alibi::detail::left_negligible(bd, r, 200.0f, 901));
+  // Keys right of the row's own position are not "left" of it: never skipped from the left.
+  far_row wide = r;
+  wide.end = 2000;
+  CHECK_FALSE(alibi::detail::left_negligible(bd, wide, 1.0f, 1006));
+  // No key on that side: nothing to compute, so negligible.
+  CHECK(alibi::detail::right_negligible(bd, r, 1.0f, 1001));
+  r.begin = 950;
+  CHECK(alibi::detail::left_negligible(bd, r, 1.0f, 900));
+  // Right side: keys from 1100 on, for a row that sees up to 2000.
+  r.begin = 0, r.end = 2000;
+  CHECK(alibi::detail::right_negligible(bd, r, 1.0f, 1100));
+  CHECK_FALSE(alibi::detail::right_negligible(bd, r, 1.0f, 1005));
+  // The distance shift counts: a row whose nearest allowed key is 90 away (window) has its
+  // scores computed with 90 subtracted from every distance.
+  r.shift = 90;
+  CHECK_FALSE(alibi::detail::right_negligible(bd, r, 1.0f, 1100));
+  r.shift = 0;
+  // An empty state (nothing seen yet), a NaN state or a NaN norm never skips.
+  far_row e = r;
+  e.state = alibi::detail::softmax_state{};
+  CHECK_FALSE(alibi::detail::right_negligible(bd, e, 1.0f, 1100));
+  e.state.m = e.state.l = std::numeric_limits<float>::quiet_NaN();
+  CHECK_FALSE(alibi::detail::right_negligible(bd, e, 1.0f, 1100));
+  CHECK_FALSE(
+      alibi::detail::right_negligible(bd, r, std::numeric_limits<float>::quiet_NaN(), 1100));
+  // Slope 0 or negative: no bound.
+  for (float slope : {0.0f, -0.5f})
+    CHECK_FALSE(alibi::detail::right_negligible(far_tile_bound::make(1.0f, slope), r, 1.0f, 1100));
+}

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The far-tile bound (ALiBi-specific): when the keys left on one side of a query row are far
 // enough away, the ALiBi bias makes their total softmax weight provably negligible, and a
-// kernel may skip them. One host/device function for every backend that skips.
+// kernel may skip them. One host/device function for every backend that skips (the C
+// library's math functions, which CUDA also provides on the device).
 #pragma once
 
 #include <cmath>
@@ -22,7 +23,7 @@ inline constexpr double skip_log_epsilon = -25 * 0.69314718055994531;
 /// elements in any order, is `squared`. A float sum of D squares is within D * 2^-24
 /// (relative) of the exact one; the margin covers that and the square root.
 ALIBI_HOST_DEVICE inline float key_norm_bound(float squared, index_t head_dim) {
-  return std::sqrt(squared * (1.0f + 1e-5f + static_cast<float>(head_dim) * 1.2e-7f));
+  return ::sqrtf(squared * (1.0f + 1e-5f + static_cast<float>(head_dim) * 1.2e-7f));
 }
 
 /// The bound for one (row, head): every score of the row against a key at distance dist is
@@ -41,9 +42,9 @@ struct far_tile_bound {
 
   ALIBI_HOST_DEVICE static far_tile_bound make(float scale, float slope) {
     far_tile_bound b;
-    b.abs_scale = std::fabs(static_cast<double>(scale));
+    b.abs_scale = ::fabs(static_cast<double>(scale));
     b.slope = slope;
-    b.log_geo = -std::log(-std::expm1(-static_cast<double>(slope)));
+    b.log_geo = -::log(-::expm1(-static_cast<double>(slope)));
     return b;
   }
 
@@ -62,9 +63,40 @@ struct far_tile_bound {
                                     index_t shift) const {
     const double l = st.l, m = static_cast<double>(st.m) * 0.69314718055994531;  // natural log
     if (!(l > 0.0) || !(m > -1e300 && m < 1e300)) return false;
-    return log_bound(qnorm, kmax, dn - shift) - m <= skip_log_epsilon + std::log(l);  // NaN: false
+    return log_bound(qnorm, kmax, dn - shift) - m <= skip_log_epsilon + ::log(l);  // NaN: false
   }
 };
+
+/// One row as the side tests see it: t0 = q_pos - (position of key index 0), its allowed
+/// keys [begin, end) and distance shift (row_frame's fields), its query-norm bound and its
+/// running state (base 2; any subset of the row's keys seen so far gives a valid, if weaker,
+/// lower bound on the final normalizer).
+struct far_row {
+  index_t t0 = 0, begin = 0, end = 0, shift = 0;
+  float qnorm = 0.0f;
+  softmax_state state{};
+};
+
+/// Whether the row's keys left of key index x ([begin, min(x, end))) are negligible, their
+/// norms at most kmax. True when the row has no key there; false when some of them are right
+/// of the row's own position (the walk has not passed the row yet). Every backend that skips
+/// asks this (and right_negligible) and nothing else.
+ALIBI_HOST_DEVICE inline bool left_negligible(const far_tile_bound& bd, const far_row& r,
+                                              float kmax, index_t x) {
+  const index_t last = (x < r.end ? x : r.end) - 1;
+  if (last < r.begin) return true;
+  const index_t dn = r.t0 - last;
+  return dn >= 0 && bd.negligible(r.state, r.qnorm, kmax, dn, r.shift);
+}
+
+/// Whether the row's keys from key index x on ([max(x, begin), end)) are negligible.
+ALIBI_HOST_DEVICE inline bool right_negligible(const far_tile_bound& bd, const far_row& r,
+                                               float kmax, index_t x) {
+  const index_t first = x > r.begin ? x : r.begin;
+  if (first >= r.end) return true;
+  const index_t dn = first - r.t0;
+  return dn >= 0 && bd.negligible(r.state, r.qnorm, kmax, dn, r.shift);
+}
 
 }  // namespace detail
 }  // namespace alibi

@@ -339,27 +339,26 @@ class far_tile_skipper {
   /// Keys [ub, x) remain on the left.
   bool left(index_t x) const {
     const float kmax = norms_.prefix[(x - 1) / kernel_config::block_k];
-    for (index_t r = 0; r < it_.n; ++r) {
-      const index_t last = std::min(x, ws_->end[r]) - 1;
-      if (last < ws_->begin[r]) continue;  // the row has no key there
-      if (!row_negligible(r, it_.qo + it_.i0 + r - (it_.ko + last), kmax)) return false;
-    }
+    for (index_t r = 0; r < it_.n; ++r)
+      if (!left_negligible(bound_, row(r), kmax, x)) return false;
     return true;
   }
   /// Keys [x, ue) remain on the right.
   bool right(index_t x) const {
     const float kmax = norms_.suffix[x / kernel_config::block_k];
-    for (index_t r = 0; r < it_.n; ++r) {
-      const index_t first = std::max(x, ws_->begin[r]);
-      if (first >= ws_->end[r]) continue;
-      if (!row_negligible(r, it_.ko + first - (it_.qo + it_.i0 + r), kmax)) return false;
-    }
+    for (index_t r = 0; r < it_.n; ++r)
+      if (!right_negligible(bound_, row(r), kmax, x)) return false;
     return true;
   }
 
  private:
-  bool row_negligible(index_t r, index_t dn, float kmax) const {
-    return dn >= 0 && bound_.negligible(ws_->state[r], ws_->qnorm[r], kmax, dn, ws_->shift[r]);
+  far_row row(index_t r) const {
+    return far_row{it_.qo + it_.i0 + r - it_.ko,
+                   ws_->begin[r],
+                   ws_->end[r],
+                   ws_->shift[r],
+                   ws_->qnorm[r],
+                   ws_->state[r]};
   }
   item_rows it_;
   key_norms norms_;
