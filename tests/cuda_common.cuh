@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -138,11 +139,11 @@ struct device_case {
 /// The sentinel the output buffers start with: exact in float, half and bfloat16.
 inline constexpr float sentinel = 640.0f;
 
-/// Runs `run(backend, q, k, v, out, params)` (by default alibi::attention) on a case
-/// (inputs rounded to T) and compares with the oracle.
+/// Runs `run(backend, q, k, v, out, params)` (by default alibi::attention) on the case's
+/// data (its inputs rounded to T in place) and compares with the oracle.
 template <class T, class Run>
-comparison check_cuda_with(const case_spec& spec, cudaStream_t stream, Run&& run) {
-  case_data c(spec);
+comparison check_cuda_data(case_data& c, cudaStream_t stream, Run&& run) {
+  const case_spec& spec = c.spec;
   round_inputs<T>(c);
   const oracle_result ref = run_oracle(c);
   const naive_result naive = run_naive(c, [](float x) { return round_to<T>(x); });
@@ -164,14 +165,21 @@ comparison check_cuda_with(const case_spec& spec, cudaStream_t stream, Run&& run
   return r;
 }
 
+/// check_cuda_data on the case a spec describes.
+template <class T, class Run>
+comparison check_cuda_with(const case_spec& spec, cudaStream_t stream, Run&& run) {
+  case_data c(spec);
+  return check_cuda_data<T>(c, stream, std::forward<Run>(run));
+}
+
 /// Runs the CUDA backend through alibi::attention on a case and compares with the oracle.
 template <class T>
 comparison check_cuda(const case_spec& spec, cudaStream_t stream = nullptr) {
-  return check_cuda_with<T>(spec, stream, [](const alibi::backend::cuda& be, const auto& q,
-                                             const auto& k, const auto& v, const auto& out,
-                                             const alibi::attention_params& params) {
-    alibi::attention(be, q, k, v, out, params);
-  });
+  return check_cuda_with<T>(
+      spec, stream,
+      [](const alibi::backend::cuda& be, const auto& q, const auto& k, const auto& v,
+         const auto& out,
+         const alibi::attention_params& params) { alibi::attention(be, q, k, v, out, params); });
 }
 
 }  // namespace alibi_test

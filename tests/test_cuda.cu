@@ -112,6 +112,15 @@ TEST_CASE("cuda: small subset for the sanitizers", "[cuda][sanitize]") {
   split.lengths = true;
   split.batch = 3;
   cases.push_back(split);
+  // Far-tile skipping on both sides of the rows (non-causal, steep slopes).
+  case_spec both_sides;
+  both_sides.lq = 300;
+  both_sides.lk = 300;
+  both_sides.hq = 2;
+  both_sides.hkv = 1;
+  both_sides.d = 32;
+  both_sides.slope_scale = 64.0f;
+  cases.push_back(both_sides);
   run_grid<__nv_bfloat16>(cases);
   run_grid<float>(cases);
 }

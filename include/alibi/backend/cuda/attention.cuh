@@ -132,7 +132,8 @@ status check_device_pointers(const std::string& f, const attention_problem& p,
                {"params.k_offsets", p.k_offsets.data},
                {"params.key_mask", p.key_mask.data},
                {"params.logsumexp", p.lse.data},
-               {"params.slopes.values", p.slopes.values.data}};
+               {"params.slopes.values", p.slopes.values.data},
+               {"params.key_norm_bounds", p.key_norm_bounds.data}};
   for (const auto& v : views)
     if (host_only_pointer(v.ptr))
       return status::failure(f + ": " + v.name +
@@ -200,50 +201,108 @@ void launch_instance(const attention_problem& p, tensor_view<const T, 4> q,
   a.chunk = pt.chunk;
   if (pt.blocks == 0) return;
 
+  // One workspace from alibi's pool: the stats counters (params.stats), the split-KV
+  // partial results, and far-tile skipping's key-norm prefix and suffix maxima.
+  const index_t rows = p.batch * p.q_heads * p.q_len;
+  const index_t split_floats = pt.splits > 1 ? pt.splits * rows * (p.head_dim + 1) : 0;
+  a.norm_grid = Tr::skip ? (p.k_len + key_norm_block - 1) / key_norm_block : 0;
+  const index_t norm_floats = 2 * p.batch * p.kv_heads * a.norm_grid;
+  const std::size_t counter_bytes = p.stats ? 2 * sizeof(unsigned long long) : 0;
+  const std::size_t bytes =
+      counter_bytes + sizeof(float) * static_cast<std::size_t>(split_floats + norm_floats);
   void* workspace = nullptr;
-  if (pt.splits > 1) {
-    const index_t rows = p.batch * p.q_heads * p.q_len;
-    const std::size_t bytes =
-        sizeof(float) * static_cast<std::size_t>(pt.splits * rows * (p.head_dim + 1));
+  if (bytes > 0) {
     int device = 0;
     check(cudaGetDevice(&device), "cudaGetDevice");
     cudaMemPool_t pool = workspace_pool(device);
     check(pool ? cudaMallocFromPoolAsync(&workspace, bytes, pool, stream)
                : cudaMallocAsync(&workspace, bytes, stream),
-          "cudaMallocAsync (split-KV workspace)");
-    a.part_o = static_cast<float*>(workspace);
+          "cudaMallocAsync (attention workspace)");
+  }
+  float* floats = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + counter_bytes);
+  if (pt.splits > 1) {
+    a.part_o = floats;
     a.part_lse = a.part_o + pt.splits * rows * p.head_dim;
   }
-  attention_kernel<Tr>
-      <<<static_cast<unsigned>(pt.blocks), Tr::threads, Tr::smem_bytes, stream>>>(a);
-  cudaError_t launched = cudaGetLastError();
+  cudaError_t launched = cudaSuccess;
+  auto queued = [&](cudaError_t e) {
+    if (launched == cudaSuccess) launched = e;
+  };
+  if (p.stats) {
+    a.counters = static_cast<unsigned long long*>(workspace);
+    queued(cudaMemsetAsync(a.counters, 0, counter_bytes, stream));
+  }
+  if constexpr (Tr::skip) {
+    float* prefix = floats + split_floats;
+    float* suffix = prefix + p.batch * p.kv_heads * a.norm_grid;
+    a.norm_prefix = prefix;
+    a.norm_suffix = suffix;
+    const bool caller = p.key_norm_bounds.data != nullptr;
+    if (!caller) {
+      key_norm_args<T> na;
+      na.p = a.p;
+      na.k = k;
+      na.out = make_view(suffix, p.batch, p.kv_heads, a.norm_grid);
+      na.grid = a.norm_grid;
+      na.aligned = rows_aligned(k);
+      const index_t warps = p.batch * p.kv_heads * a.norm_grid;
+      key_norm_kernel<T, Tr::head_dim>
+          <<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(na);
+      queued(cudaGetLastError());
+    }
+    norm_scan_kernel<T><<<static_cast<unsigned>((p.batch * p.kv_heads + 3) / 4), 128, 0, stream>>>(
+        a, prefix, suffix, caller);
+    queued(cudaGetLastError());
+  }
+  if (launched == cudaSuccess) {
+    attention_kernel<Tr>
+        <<<static_cast<unsigned>(pt.blocks), Tr::threads, Tr::smem_bytes, stream>>>(a);
+    queued(cudaGetLastError());
+  }
   if (launched == cudaSuccess && pt.splits > 1) {
-    const index_t rows = p.batch * p.q_heads * p.q_len;
     merge_kernel<T, Tr::head_dim><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a);
-    launched = cudaGetLastError();
+    queued(cudaGetLastError());
   }
-  if (workspace) {
-    const cudaError_t freed = cudaFreeAsync(workspace, stream);
-    if (launched == cudaSuccess) launched = freed;
-  }
+  unsigned long long counts[2] = {0, 0};
+  if (a.counters && launched == cudaSuccess)
+    queued(cudaMemcpyAsync(counts, a.counters, counter_bytes, cudaMemcpyDeviceToHost, stream));
+  if (workspace) queued(cudaFreeAsync(workspace, stream));
+  // params.stats: the counters reach the host only when the call has finished, so a call
+  // that asks for them waits for its stream.
+  if (p.stats && launched == cudaSuccess) queued(cudaStreamSynchronize(stream));
   check(launched, "attention kernel launch");
+  if (p.stats) {
+    p.stats->tiles_computed += static_cast<std::int64_t>(counts[0]);
+    p.stats->tiles_skipped += static_cast<std::int64_t>(counts[1]);
+  }
 }
 
 /// Picks the kernel instance: the decoding one when every row of a (batch, kv head) fits
-/// one 16-row tile (q_len x group <= 16) and tensor cores are used, the general one else.
+/// one 16-row tile (q_len x group <= 16) and tensor cores are used, the general one else;
+/// each with far-tile skipping (params.skip_far_tiles, ALiBi on, k_len > key_norm_block)
+/// or without.
 /// The internal entry point: `p` is a checked problem (detail::prepare) with head_dim D.
 /// `Tuning` (a kernel_tuning) names the kernel configuration; the library's backend uses
 /// the default, the GPU benchmark may pass others to compare them.
 template <class T, int D, class Tuning = kernel_tuning<>>
 void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
             tensor_view<const T, 4> v, tensor_view<T, 4> out, cudaStream_t stream) {
+  // Far-tile skipping as on the CPU: with ALiBi on and more than one block of key norms.
+  const bool skip = p.skip_far_tiles && p.slopes.enabled && p.k_len > key_norm_block;
+  auto run = [&](auto decode) {
+    constexpr bool Decode = decltype(decode)::value;
+    if (skip)
+      launch_instance<kernel_traits<T, D, Decode, Tuning, true>>(p, q, k, v, out, stream);
+    else
+      launch_instance<kernel_traits<T, D, Decode, Tuning, false>>(p, q, k, v, out, stream);
+  };
   if constexpr (!std::is_same<T, float>::value) {
     if (p.q_len * p.group_size() <= 16) {
-      launch_instance<kernel_traits<T, D, true, Tuning>>(p, q, k, v, out, stream);
+      run(std::true_type{});
       return;
     }
   }
-  launch_instance<kernel_traits<T, D, false, Tuning>>(p, q, k, v, out, stream);
+  run(std::false_type{});
 }
 
 /// The library's kernel instances, launch<T, D> with the default tuning for every element type
@@ -296,6 +355,65 @@ ALIBI_CUDA_KERNEL_INSTANCES(ALIBI_CUDA_DECLARE_LAUNCH)
 #endif
 
 }  // namespace cuda_detail
+
+/// Upper bounds on the Euclidean norms of the keys of k (batch, kv_heads, k_len, head_dim;
+/// float, __half or __nv_bfloat16 in device memory), one per block of key_norm_block keys,
+/// into bounds (batch, kv_heads, ceil(k_len / key_norm_block); device memory): what
+/// attention_params::key_norm_bounds takes, so that a caller who keeps K across calls (a KV
+/// cache) keeps these beside it and a decode step with far-tile skipping reads only the K/V
+/// tiles it computes. Only the blocks from the one holding first_key on are computed (each
+/// from all of its keys below k_len); the others are left as they are, so a cache that
+/// appends keys at position n refreshes its bounds with first_key = n. Computed by the same
+/// kernel and arithmetic as the bounds the CUDA backend forms itself (the same bits when
+/// every key is valid); a NaN key gives NaN. Queued on be.stream without synchronizing.
+template <class T>
+void key_norm_bounds(const backend::cuda& be, const tensor_view<const T, 4>& k,
+                     const tensor_view<float, 3>& bounds, index_t first_key = 0) {
+  static_assert(cuda_detail::supported_element<T>,
+                "alibi::key_norm_bounds (cuda): k must be float, __half or __nv_bfloat16");
+  const std::string f = "alibi::key_norm_bounds (cuda)";
+  const index_t B = k.extents[0], H = k.extents[1], L = k.extents[2], D = k.extents[3];
+  const index_t blocks = (L + key_norm_block - 1) / key_norm_block;
+  if (B < 0 || H < 0 || L < 0 || D < 0) detail::raise(error(f + ": k has a negative extent"));
+  if (D > 1 && k.strides[3] != 1)
+    detail::raise(error(f + ": k.stride(3) (head_dim) must be 1 (contiguous), got " +
+                        detail::str(k.strides[3])));
+  if (bounds.extents[0] != B || bounds.extents[1] != H || bounds.extents[2] != blocks)
+    detail::raise(error(f +
+                        ": bounds must have shape (batch, kv_heads, ceil(k_len / "
+                        "key_norm_block)) = (" +
+                        detail::str(B) + ", " + detail::str(H) + ", " + detail::str(blocks) +
+                        "), got (" + detail::str(bounds.extents[0]) + ", " +
+                        detail::str(bounds.extents[1]) + ", " + detail::str(bounds.extents[2]) +
+                        ")"));
+  if (first_key < 0 || first_key > L)
+    detail::raise(error(f + ": first_key must be in [0, k_len = " + detail::str(L) + "], got " +
+                        detail::str(first_key)));
+  if (!cuda_detail::kernel_head_dims::contains(D))
+    detail::raise(error(f + ": head_dim (k.extent(3)) must be " +
+                        cuda_detail::kernel_head_dims::names() + ", got " + detail::str(D)));
+  if (B == 0 || H == 0 || L == 0 || first_key / key_norm_block >= blocks) return;
+  if (k.data == nullptr || bounds.data == nullptr)
+    detail::raise(error(f + ": k.data and bounds.data must not be null"));
+  if (cuda_detail::host_only_pointer(k.data) || cuda_detail::host_only_pointer(bounds.data))
+    detail::raise(error(f + ": k.data and bounds.data must be device memory"));
+  cuda_detail::key_norm_args<T> na;
+  na.p.batch = B;
+  na.p.kv_heads = H;
+  na.p.k_len = L;
+  na.k = k;
+  na.out = bounds;
+  na.grid = blocks;
+  na.t_first = first_key / key_norm_block;
+  na.aligned = cuda_detail::rows_aligned(k);
+  na.all_keys = true;
+  const index_t warps = B * H * (blocks - na.t_first);
+  cuda_detail::dispatch_head_dim(D, [&](auto dim) {
+    cuda_detail::key_norm_kernel<T, decltype(dim)::value>
+        <<<static_cast<unsigned>((warps + 3) / 4), 128, 0, be.stream>>>(na);
+  });
+  cuda_detail::check(cudaGetLastError(), "key_norm_kernel launch");
+}
 
 namespace detail {
 

@@ -3,7 +3,9 @@
 // merge kernel. One block handles block_m query rows of one (batch, kv head): the rows of
 // every query head of that kv head's group, interleaved (packed row r = query i * group +
 // head g), so that each K/V tile staged in shared memory serves the whole GQA group. Key
-// tiles are visited from the last (nearest to the queries) to the first.
+// tiles are visited from the last (nearest to causal queries) to the first; the instances
+// with far-tile skipping visit them nearest-first and stop a side once the ALiBi bound
+// (detail/far_tiles.hpp) shows the rest of it negligible for every row of the block.
 //
 // The kernel body is a sequence of named steps (device functions below): stage a K/V tile,
 // S = Q K^T (compute_scores), the ALiBi bias and the masks (bias_and_masks, built on
@@ -20,6 +22,7 @@
 #include "alibi/attention.hpp"
 #include "alibi/backend/cuda/mma_layout.hpp"
 #include "alibi/backend/cuda/primitives.cuh"
+#include "alibi/detail/far_tiles.hpp"
 #include "alibi/detail/online_softmax.hpp"
 #include "alibi/detail/score_tile.hpp"
 
@@ -65,11 +68,14 @@ struct kernel_tuning {
 /// partial softmax states at the end; otherwise one warp computing for a single row would
 /// set the pace of the whole block. Tensor-core types only.
 /// `Tuning`: a kernel_tuning.
-template <class T, int D, bool Decode = false, class Tuning = kernel_tuning<>>
+/// `Skip`: the instance with far-tile skipping (nearest-first tile order, the side tests).
+/// The instance without it keeps today's order (last tile to first) and arithmetic.
+template <class T, int D, bool Decode = false, class Tuning = kernel_tuning<>, bool Skip = false>
 struct kernel_traits {
   static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dims 32, 64, 96, 128");
   using element = T;
   using tuning = Tuning;
+  static constexpr bool skip = Skip;
   static constexpr bool tensor_cores = !std::is_same<T, float>::value;
   static_assert(!Decode || tensor_cores, "the decoding instance uses tensor cores");
   static constexpr int head_dim = D;
@@ -101,10 +107,11 @@ struct kernel_traits {
   static constexpr int ld = D + vec;
   static constexpr int p_ld = block_n + 4;  // fp32 P rows (FMA path only), padded likewise
   // Q, two K and two V tiles (the next tile loads while this one is used), the key-mask
-  // flags of both, and the fp32 P tile of the FMA path.
+  // flags of both, the fp32 P tile of the FMA path, and with skipping each row's far_info.
+  static constexpr std::size_t p_bytes = tensor_cores ? 0 : sizeof(float) * block_m * p_ld;
   static constexpr std::size_t smem_bytes =
       sizeof(T) * static_cast<std::size_t>((block_m + 4 * block_n) * ld) +
-      sizeof(float) * 2 * block_n + (tensor_cores ? 0 : sizeof(float) * block_m * p_ld);
+      sizeof(float) * 2 * block_n + p_bytes + (Skip ? sizeof(float4) * block_m : 0);
 };
 
 /// A warp's register tiles: the S accumulators (acc_s[mi][n][e] is row 16 mi +
@@ -137,6 +144,14 @@ struct fwd_args {
   index_t chunk = 0;          // keys per chunk (a multiple of block_n)
   index_t row_tiles = 0;      // ceil(group * q_len / block_m)
   bool aligned = false;       // q, k, v rows start at 16-byte boundaries: cp.async
+  // Far-tile skipping (the Skip instances): per (batch, kv head), per block of
+  // key_norm_block keys t, the largest key-norm bound of the keys [0, key_norm_block (t + 1))
+  // (prefix) and [key_norm_block t, k_len) (suffix); (batch * kv_heads, norm_grid) each.
+  const float* norm_prefix = nullptr;
+  const float* norm_suffix = nullptr;
+  index_t norm_grid = 0;
+  // params.stats on the device: tiles computed, tiles skipped (added by each block).
+  unsigned long long* counters = nullptr;
 };
 
 template <class T>
@@ -679,6 +694,119 @@ __device__ __forceinline__ void finish_rows(const fwd_args<typename Tr::element>
   }
 }
 
+/// Far-tile skipping: each packed row's query-norm bound, slope and log-geometric term
+/// (far_tile_bound::log_geo rounded up to float, NaN where the slope is not a finite positive
+/// number: such rows never skip), from the staged Q rows into s_info (block_m rows).
+/// Block-wide; the caller's next barrier makes it visible.
+template <class Tr>
+__device__ void far_row_info(const fwd_args<typename Tr::element>& a, index_t b, index_t kvh,
+                             index_t row0, const typename Tr::element* s_q, float4* s_info) {
+  using T = typename Tr::element;
+  const attention_problem& p = a.p;
+  const index_t group = p.group_size(), packed_rows = p.q_len * group, lq = p.len_q(b);
+  for (int lr = threadIdx.x; lr < Tr::block_m; lr += Tr::threads) {
+    const index_t r = row0 + lr;
+    float4 info = make_float4(0.0f, 0.0f, detail::nan_f(), 0.0f);  // .w: the test marks
+    if (r < packed_rows && r / group < lq) {
+      float sq = 0.0f;
+      for (int d = 0; d < Tr::head_dim; ++d) {
+        const float x = elem<T>::to_float(s_q[lr * Tr::ld + d]);
+        sq = fmaf(x, x, sq);
+      }
+      const float slope = p.slope(b, kvh * group + r % group);
+      info.x = detail::key_norm_bound(sq, Tr::head_dim);
+      info.y = slope;
+      if (slope > 0.0f && isfinite(slope))
+        info.z = __double2float_ru(detail::far_tile_bound::make(p.scale, slope).log_geo);
+    }
+    s_info[lr] = info;
+  }
+}
+
+/// The softmax state of this thread's columns of one tile's scores (base 2, bias and masks
+/// applied), per row, with O untouched: the anchor tile's lower bound on each row's
+/// normalizer (any subset of a row's keys gives one).
+template <class Tr>
+__device__ __forceinline__ void tile_states(const score_acc<Tr>& acc_s, row_states<Tr>& out) {
+#pragma unroll
+  for (int s = 0; s < Tr::rows_per_thread; ++s) {
+    const int mi = s / 2, k = s % 2;
+    float mx = detail::neg_inf_f();
+#pragma unroll
+    for (int n = 0; n < Tr::n_tiles; ++n)
+      mx = fmaxf(mx, fmaxf(acc_s[mi][n][2 * k], acc_s[mi][n][2 * k + 1]));
+    // One maximum per quad (as softmax_tile keeps it), so that block_negligible can add
+    // the quad's sums.
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    softmax_state st;
+    const detail::softmax_step step = st.rescale(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < Tr::n_tiles; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) sum += detail::exp2_flush(acc_s[mi][n][2 * k + c] - step.ref);
+    st.add(step, sum);
+    out[s] = st;
+  }
+}
+
+/// Far-tile skipping's side test for the whole block (block-wide: every thread calls it):
+/// whether every row of the block finds its keys left of key index x (Left) or from x on
+/// (!Left) negligible, by detail::left_negligible / right_negligible, the one test of every
+/// backend. A row's state here is its quad's in `st` (the sum of the four threads' partial
+/// sums: the warp's columns of the tiles computed so far, or of the anchor tile); it is a
+/// lower bound on the row's final normalizer, so a row is negligible when any warp holding
+/// it proves it (the decoding instance's key warps hold disjoint columns of the same rows).
+/// Each thread of a quad tests one row (the test is 64-bit integer and double arithmetic):
+/// thread tq tests its row slot tq % rows_per_thread and marks the row in s_info[].w with
+/// this test's number `test` (> 0, new for each test of the block).
+template <class Tr, bool Left>
+__device__ bool block_negligible(const fwd_args<typename Tr::element>& a, const warp_row_map& rows,
+                                 index_t b, index_t row0, const row_frames<Tr>& fr,
+                                 const row_states<Tr>& st, float4* s_info, index_t x, int test) {
+  constexpr int R = Tr::rows_per_thread;
+  const attention_problem& p = a.p;
+  const int lane = threadIdx.x % 32, mine = (lane % 4) % R;
+  bool has_keys = false;  // whether row slot `mine` is a row with keys (else: nothing to test)
+  softmax_state own;
+#pragma unroll
+  for (int s = 0; s < R; ++s) {
+    float l = st[s].l + __shfl_xor_sync(0xffffffffu, st[s].l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (s == mine) {
+      has_keys = fr[s].end > fr[s].begin;
+      own.m = st[s].m;
+      own.l = l;
+    }
+  }
+  if (has_keys) {
+    const index_t r = rows.row(mine, lane / 4), i = rows.query(r);
+    const index_t nb = (b * p.kv_heads + rows.kv_head) * a.norm_grid;
+    const float kmax = Left ? a.norm_prefix[nb + (x - 1) / key_norm_block]
+                            : a.norm_suffix[nb + x / key_norm_block];
+    const float4& info = s_info[r - row0];  // .x, .y, .z only: .w is being marked
+    const index_range kr = p.key_range(b, i);
+    detail::far_tile_bound bd;
+    bd.abs_scale = ::fabs(static_cast<double>(p.scale));
+    bd.slope = info.y;
+    bd.log_geo = info.z;
+    const detail::far_row row{
+        p.q_offset(b) + i - p.k_offset(b), kr.begin, kr.end, p.distance_shift(b, i), info.x, own};
+    const bool ok = Left ? detail::left_negligible(bd, row, kmax, x)
+                         : detail::right_negligible(bd, row, kmax, x);
+    if (ok) atomicMax(reinterpret_cast<int*>(&s_info[r - row0].w), test);
+  }
+  __syncthreads();
+  // Rows without keys (padding among them) have nothing left to skip.
+  bool all = true;
+#pragma unroll
+  for (int s = 0; s < R; ++s)
+    if (fr[s].end > fr[s].begin)
+      all = all && *reinterpret_cast<const int*>(&s_info[rows.row(s, lane / 4) - row0].w) == test;
+  return __syncthreads_and(all) != 0;
+}
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
     attention_kernel(const fwd_args<typename Tr::element> a) {
@@ -729,24 +857,27 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   }
   const float scale_l2 = p.scale * detail::log2e_f;
 
-  // Keys any row of the block may see, within this split's chunk: the positional ranges
-  // are monotone in the query position, so the first and last valid rows bound them.
-  index_t key_lo = split * a.chunk, key_hi = key_lo + a.chunk;
+  // Keys any row of the block may see, [all_lo, all_hi): the positional ranges are monotone
+  // in the query position, so the first and last valid rows bound them; [key_lo, key_hi):
+  // those within this split's chunk. t0_mid: the middle row's query position relative to
+  // key 0 (where its nearest key is).
+  index_t all_lo = 0, all_hi = 0, t0_mid = 0;
   {
     const index_t i_first = row0 / group;
     const index_t last_row = (row0 + BM < packed_rows ? row0 + BM : packed_rows) - 1;
     const index_t i_last = (last_row / group < lq ? last_row / group : lq - 1);
-    if (i_first > i_last) {
-      key_hi = key_lo;
-    } else {
+    if (i_first <= i_last) {
       const index_range r0 = p.key_range(b, i_first), r1 = p.key_range(b, i_last);
-      key_lo = key_lo > r0.begin ? key_lo : r0.begin;
-      key_hi = key_hi < r1.end ? key_hi : r1.end;
-      key_hi = key_hi < lk ? key_hi : lk;
+      all_lo = r0.begin;
+      all_hi = r1.end < lk ? r1.end : lk;
+      t0_mid = p.q_offset(b) + (i_first + i_last) / 2 - p.k_offset(b);
     }
   }
+  index_t key_lo = split * a.chunk, key_hi = key_lo + a.chunk;
+  key_lo = key_lo > all_lo ? key_lo : all_lo;
+  key_hi = key_hi < all_hi ? key_hi : all_hi;
   const index_t tile_first = key_lo / BN;
-  const index_t tile_end = key_hi > key_lo ? (key_hi + BN - 1) / BN : tile_first;
+  index_t tile_end = key_hi > key_lo ? (key_hi + BN - 1) / BN : tile_first;
 
   out_acc<Tr> acc_o;
 #pragma unroll
@@ -764,11 +895,10 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   const T* const k_base = a.k.ptr(b, kvh);
   const T* const v_base = a.v.ptr(b, kvh);
   const index_t k_stride = a.k.strides[2], v_stride = a.v.strides[2];
-  // Stages key tile t (K, V and the key-mask flags) into buffer t % 2. Keys past the
-  // length and keys the mask excludes are zero-filled, never read.
-  auto stage_tile = [&](index_t t) {
+  // Stages key tile t (K, V unless !values, and the key-mask flags) into buffer buf. Keys
+  // past the length and keys the mask excludes are zero-filled, never read.
+  auto stage_tile = [&](index_t t, int buf, bool values) {
     const index_t j0 = t * BN;
-    const int buf = static_cast<int>(t & 1);
     auto key_row = [&](const T* base, index_t stride) {
       return [=, &p](int r) -> const T* {
         const index_t j = j0 + r;
@@ -776,7 +906,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
       };
     };
     stage_rows<Tr>(s_k0 + buf * BN * LD, BN, a.aligned, key_row(k_base, k_stride));
-    stage_rows<Tr>(s_v0 + buf * BN * LD, BN, a.aligned, key_row(v_base, v_stride));
+    if (values) stage_rows<Tr>(s_v0 + buf * BN * LD, BN, a.aligned, key_row(v_base, v_stride));
     if (has_key_mask)
       for (int r = threadIdx.x; r < BN; r += Tr::threads)
         s_flags0[buf * BN + r] = j0 + r < lk && p.key_excluded(b, j0 + r) ? neg_inf : 0.0f;
@@ -787,47 +917,255 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   for (int s = 0; s < R; ++s) has_rows = has_rows || fr[s].end > fr[s].begin;
   const bool warp_active = __any_sync(0xffffffffu, has_rows);
   const T* s_qw = s_q + wrow * WR * LD;  // this warp's query rows
-
   q_fragments<Tr> q_frag;
-  if (tile_end > tile_first) {
+
+  // Far-tile skipping (Skip instances): the tiles are visited nearest-first (the tile of the
+  // key nearest the block's middle row, then leftwards, then rightwards), and before each
+  // tile is chosen the block asks whether the rest of that side is negligible for all its
+  // rows. Far chunks of split-KV first compute the scores of the tile nearest the rows
+  // (the anchor): their own state is empty when their first tile is chosen, and the anchor
+  // may show the whole chunk negligible, which then is never read (the later tests use the
+  // chunk's own state: fewer registers live through the loop).
+  float4* const s_info = reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(s_p) +
+                                                   Tr::p_bytes);  // (BM) with Skip
+  bool info_ready = false;
+  int tests = 0;  // side tests so far (each marks its rows with its own number)
+  index_t skipped = 0, computed = 0;
+  index_t center = tile_end - 1;
+  if constexpr (Tr::skip) {
+    auto nearest = [&](index_t lo, index_t hi) {
+      return t0_mid < lo ? lo : t0_mid >= hi ? hi - 1 : t0_mid;
+    };
+    if (tile_end > tile_first) {
+      center = nearest(key_lo, key_hi) / BN;
+      const index_t near_all = nearest(all_lo, all_hi);
+      if (near_all < key_lo || near_all >= key_hi) {
+        const index_t ta = near_all / BN;
+        row_states<Tr> anchor;
+        stage_rows<Tr>(s_q, BM, a.aligned, q_row);
+        stage_tile(ta, 0, false);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        far_row_info<Tr>(a, b, kvh, row0, s_q, s_info);
+        if (warp_active) {
+          if constexpr (Tr::q_in_regs) load_q_fragments<Tr>(q_frag, s_qw, lane);
+          score_acc<Tr> acc_s;
+          compute_scores<Tr>(acc_s, s_qw, s_k0, q_frag, koff, lane);
+          bias_and_masks<Tr>(acc_s, fr, static_cast<std::int32_t>(ta * BN), koff + 2 * tq, scale_l2,
+                             neg_slope_l2, has_key_mask, s_flags0);
+          tile_states<Tr>(acc_s, anchor);
+        }
+        __syncthreads();  // s_info is complete, and buffer 0 is free again
+        info_ready = true;
+        // The chunk lies on one side of the rows' nearest key: left of it, or right.
+        const bool negligible =
+            near_all >= key_hi
+                ? block_negligible<Tr, true>(a, rows, b, row0, fr, anchor, s_info, key_hi, ++tests)
+                : block_negligible<Tr, false>(a, rows, b, row0, fr, anchor, s_info, key_lo,
+                                              ++tests);
+        if (negligible) {
+          skipped = tile_end - tile_first;
+          tile_end = tile_first;
+        }
+      }
+    }
+  }
+
+  index_t t = tile_end > tile_first ? center : -1, next = -1;
+  bool left_side = true;  // Skip: still walking leftwards from the center
+  if (t >= 0) {
     stage_rows<Tr>(s_q, BM, a.aligned, q_row);
-    stage_tile(tile_end - 1);
+    stage_tile(t, 0, true);
     cp_async_commit();
   }
-  for (index_t t = tile_end - 1; t >= tile_first; --t) {
-    const std::int32_t j0 = static_cast<std::int32_t>(t * BN);  // k_len < 2^28
-    const int buf = static_cast<int>(t & 1);
-    const T* s_k = s_k0 + buf * BN * LD;
-    const T* s_v = s_v0 + buf * BN * LD;
-    const float* s_flags = s_flags0 + buf * BN;
-    // Prefetch the next tile into the other buffer (free: every warp passed the barrier at
-    // the end of the previous iteration), then wait for this one only.
-    if (t > tile_first) {
-      stage_tile(t - 1);
+  for (int buf = 0; t >= 0; t = next, buf ^= 1) {
+    // The next tile, staged into the other buffer (free: every warp passed the barrier at
+    // the end of the previous iteration) while this one is used. With skipping, the side
+    // tests see the rows' states before this tile (a valid, slightly weaker bound).
+    if constexpr (Tr::skip) {
+      next = -1;
+      if (left_side && t > tile_first) {
+        if (info_ready &&
+            block_negligible<Tr, true>(a, rows, b, row0, fr, st, s_info, t * BN, ++tests))
+          skipped += t - tile_first;
+        else
+          next = t - 1;
+      }
+      if (next < 0) {
+        const index_t c = left_side ? center + 1 : t + 1;
+        left_side = false;
+        if (c < tile_end) {
+          if (info_ready &&
+              block_negligible<Tr, false>(a, rows, b, row0, fr, st, s_info, c * BN, ++tests))
+            skipped += tile_end - c;
+          else
+            next = c;
+        }
+      }
+    } else {
+      next = t > tile_first ? t - 1 : -1;
+    }
+    if (next >= 0) {
+      stage_tile(next, buf ^ 1, true);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();  // tile t (and Q) have landed for every thread
+    if constexpr (Tr::skip) {
+      if (!info_ready) {
+        far_row_info<Tr>(a, b, kvh, row0, s_q, s_info);  // visible after this iteration
+        info_ready = true;
+      }
+    }
+    ++computed;
     if (!warp_active) {
       __syncthreads();
       continue;
     }
     if constexpr (Tr::q_in_regs) {
-      if (t == tile_end - 1) load_q_fragments<Tr>(q_frag, s_qw, lane);
+      if (computed == 1) load_q_fragments<Tr>(q_frag, s_qw, lane);
     }
+    const std::int32_t j0 = static_cast<std::int32_t>(t * BN);  // k_len < 2^28
+    const T* s_k = s_k0 + buf * BN * LD;
+    const T* s_v = s_v0 + buf * BN * LD;
+    const float* s_flags = s_flags0 + buf * BN;
     score_acc<Tr> acc_s;
     compute_scores<Tr>(acc_s, s_qw, s_k, q_frag, koff, lane);  // S = Q K^T
     bias_and_masks<Tr>(acc_s, fr, j0, koff + 2 * tq, scale_l2, neg_slope_l2, has_key_mask,
                        s_flags);         // base-2 scores, -inf masked
     softmax_tile<Tr>(acc_s, acc_o, st);  // P, row states, O rescaled
     accumulate_pv<Tr>(acc_o, acc_s, s_v, s_p + wrow * WR * Tr::p_ld, koff, lane);  // O += P V
-    __syncthreads();  // every warp is done with buffer t % 2 before it is refilled
+    __syncthreads();  // every warp is done with buffer buf before it is refilled
+  }
+  // params.stats: the anchor tile (scores only) is not counted, so that computed + skipped
+  // is the dense count.
+  if (a.counters != nullptr && threadIdx.x == 0) {
+    atomicAdd(a.counters, static_cast<unsigned long long>(computed));
+    if (skipped > 0) atomicAdd(a.counters + 1, static_cast<unsigned long long>(skipped));
   }
 
-  finish_rows<Tr>(a, writer, st, acc_o, rows, reinterpret_cast<float*>(s_k0),
-                  tile_end <= tile_first);
+  finish_rows<Tr>(a, writer, st, acc_o, rows, reinterpret_cast<float*>(s_k0), computed == 0);
+}
+
+/// What key_norm_kernel reads and writes: K, and the bounds of the key blocks
+/// [t_first, grid) of every (batch, kv head) into out (batch, kv_heads, grid). Each block's
+/// bound covers its keys some row of the problem `p` can see and its key mask allows (the
+/// others are not read), or, with all_keys, every key below k_len.
+template <class T>
+struct key_norm_args {
+  attention_problem p;  // batch, kv_heads, k_len; the rows' key ranges and the key mask
+  tensor_view<const T, 4> k;
+  tensor_view<float, 3> out;
+  index_t grid = 0, t_first = 0;
+  bool aligned = false;  // K's rows start at 16-byte boundaries
+  bool all_keys = false;
+};
+
+/// Far-tile skipping: the largest key-norm bound of each block of key_norm_block keys (see
+/// key_norm_args). One warp per block of keys. When a row is a power-of-two number of
+/// 16-byte pieces (every head dim but 96), each lane reads one piece and a warp-wide load
+/// covers whole rows, contiguous when the rows are (the sums of a row's pieces are formed
+/// by shuffles in a fixed order: the result does not depend on the run); else each lane
+/// takes whole rows.
+template <class T, int D>
+__global__ void __launch_bounds__(128) key_norm_kernel(const key_norm_args<T> a) {
+  const attention_problem& p = a.p;
+  const index_t blocks = a.grid - a.t_first;
+  const index_t w = static_cast<index_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (w >= p.batch * p.kv_heads * blocks) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const index_t t = a.t_first + w % blocks, bh = w / blocks;
+  const index_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
+  // Only keys some row can reach: the rows' key ranges are monotone in the row.
+  index_t lo = 0, hi = p.k_len;
+  if (!a.all_keys) {
+    const index_t lq = p.len_q(b);
+    lo = lq > 0 ? p.key_range(b, 0).begin : 0;
+    hi = lq > 0 ? p.key_range(b, lq - 1).end : 0;
+  }
+  const index_t j_lo = lo > t * key_norm_block ? lo : t * key_norm_block;
+  const index_t j_hi = hi < (t + 1) * key_norm_block ? hi : (t + 1) * key_norm_block;
+  constexpr int vec = 16 / static_cast<int>(sizeof(T)), pieces = D / vec;
+  auto squares = [&](const T* e, int n) {
+    float sq = 0.0f;
+    for (int c = 0; c < n; ++c) {
+      const float x = elem<T>::to_float(e[c]);
+      sq = fmaf(x, x, sq);
+    }
+    return sq;
+  };
+  float m = 0.0f;
+  if constexpr (32 % pieces == 0) {
+    constexpr int rows_per_load = 32 / pieces;
+    const int piece = lane % pieces;
+#pragma unroll 4
+    for (index_t j0 = j_lo; j0 < j_hi; j0 += rows_per_load) {
+      const index_t j = j0 + lane / pieces;
+      const bool used = j < j_hi && !(!a.all_keys && p.key_excluded(b, j));
+      float sq = 0.0f;
+      if (used) {
+        const T* e = a.k.ptr(b, hk, j) + piece * vec;
+        if (a.aligned) {
+          const int4 raw = *reinterpret_cast<const int4*>(e);
+          sq = squares(reinterpret_cast<const T*>(&raw), vec);
+        } else {
+          sq = squares(e, vec);
+        }
+      }
+#pragma unroll
+      for (int off = pieces / 2; off >= 1; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+      if (used) m = detail::max_keep_nan(m, detail::key_norm_bound(sq, D));  // NaN: no skipping
+    }
+  } else {
+    for (index_t j = j_lo + lane; j < j_hi; j += 32)
+      if (a.all_keys || !p.key_excluded(b, j))
+        m = detail::max_keep_nan(m, detail::key_norm_bound(squares(a.k.ptr(b, hk, j), D), D));
+  }
+#pragma unroll
+  for (int off = 16; off >= 1; off /= 2)
+    m = detail::max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (lane == 0) a.out(b, hk, t) = m;
+}
+
+/// Far-tile skipping: the prefix and suffix maxima (fwd_args::norm_prefix / norm_suffix)
+/// of the per-block key-norm bounds, read from `suffix` (key_norm_kernel's output,
+/// overwritten in place) or, when `caller`, from params.key_norm_bounds. One warp per
+/// (batch, kv head): each lane scans a contiguous segment, the lanes' segment maxima are
+/// scanned by shuffles. NaN propagates (max_keep_nan), disabling skipping past it.
+template <class T>
+__global__ void __launch_bounds__(128)
+    norm_scan_kernel(const fwd_args<T> a, float* prefix, float* suffix, bool caller) {
+  const attention_problem& p = a.p;
+  const index_t bh = static_cast<index_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (bh >= p.batch * p.kv_heads) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const index_t g = a.norm_grid, b = bh / p.kv_heads, hk = bh % p.kv_heads;
+  float* pre = prefix + bh * g;
+  float* suf = suffix + bh * g;
+  auto value = [&](index_t t) { return caller ? p.key_norm_bounds(b, hk, t) : suf[t]; };
+  const index_t seg = (g + 31) / 32;
+  const index_t s0 = lane * seg < g ? lane * seg : g, s1 = s0 + seg < g ? s0 + seg : g;
+  float mx = 0.0f;
+  for (index_t t = s0; t < s1; ++t) mx = detail::max_keep_nan(mx, value(t));
+  // Inclusive scans of the segment maxima: over lanes <= lane (before) and >= lane (after).
+  float before = mx, after = mx;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const float u = __shfl_up_sync(0xffffffffu, before, off);
+    const float v = __shfl_down_sync(0xffffffffu, after, off);
+    if (lane >= off) before = detail::max_keep_nan(before, u);
+    if (lane + off < 32) after = detail::max_keep_nan(after, v);
+  }
+  float run = __shfl_up_sync(0xffffffffu, before, 1);
+  if (lane == 0) run = 0.0f;
+  for (index_t t = s0; t < s1; ++t) pre[t] = run = detail::max_keep_nan(run, value(t));
+  run = __shfl_down_sync(0xffffffffu, after, 1);
+  if (lane == 31) run = 0.0f;
+  // Each value is read before its own slot is overwritten.
+  for (index_t t = s1 - 1; t >= s0; --t) suf[t] = run = detail::max_keep_nan(run, value(t));
 }
 
 /// Combines the split-KV partial results of each row: one warp per (batch, head, row), lane
