@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // GPU benchmarks of the CUDA backend (Google Benchmark, times from CUDA events): prefill
-// attention in bfloat16/half/float for D = 64 and 128, causal and not, L = 1024..16384 at
-// batch x heads = 32; decoding (q_len 1, k_len 32768) with MHA and GQA; and, measured in
+// attention in bfloat16/half/float for D = 64 and 128, causal and not, L = 1024..32768 at
+// batch x heads = 32, far-tile skipping off and on (counter `skipped`: the fraction of key
+// tiles skipped); decoding (q_len 1, k_len 32768 and 131072) with MHA and GQA, skipping off
+// and on; and, measured in
 // the same process as ceilings, a cuBLAS bfloat16 GEMM and a device-to-device copy.
 // Counters: TFLOP/s (attention flops as usually counted, halved for causal) and, for the
 // decode and copy cases, GB/s of the bytes that must move. Also the Transformer layer (B = 1,
@@ -86,6 +88,19 @@ struct device_tensor {
   ~device_tensor() { cudaFree(ptr); }
 };
 
+/// The fraction of key tiles far-tile skipping skipped in one more (synchronizing) call with
+/// params.stats, outside the timed calls.
+template <class Run>
+double skipped_fraction(alibi::attention_params& params, Run&& run) {
+  alibi::attention_stats stats;
+  params.stats = &stats;
+  run();
+  params.stats = nullptr;
+  const double total = static_cast<double>(stats.tiles_computed + stats.tiles_skipped);
+  return total > 0 ? static_cast<double>(stats.tiles_skipped) / total : 0.0;
+}
+
+// Args: D, L, causal, skip (far-tile skipping on or off).
 template <class T>
 void BM_cuda_attention(benchmark::State& state) {
   const index_t D = state.range(0), L = state.range(1);
@@ -95,18 +110,25 @@ void BM_cuda_attention(benchmark::State& state) {
       out(B * H * L * D, 4);
   alibi::attention_params params;
   params.mask.causal = causal;
+  params.skip_far_tiles = state.range(3) != 0;
   auto view = [&](T* p) { return alibi::make_view(p, B, H, L, D); };
-  time_cuda(state, [&] {
+  auto run = [&] {
     run_attention<T>(alibi::backend::cuda{}, alibi::tensor_view<const T, 4>(view(q.ptr)),
                      alibi::tensor_view<const T, 4>(view(k.ptr)),
                      alibi::tensor_view<const T, 4>(view(v.ptr)), view(out.ptr), params);
-  });
+  };
+  time_cuda(state, run);
+  // Dense flops (what the work would be without skipping), halved for causal.
   const double flops = 4.0 * B * H * static_cast<double>(L) * L * D * (causal ? 0.5 : 1.0);
   state.counters["TFLOPs"] =
       benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["skipped"] = skipped_fraction(params, run);
 }
 
-/// One decoding step: q_len 1 against a 32768-key cache; GB/s of the K and V bytes read.
+/// One decoding step: q_len 1 against a long cache; GB/s of the K and V bytes a dense step
+/// reads. Args: Hkv, Lk, skip: 0 off, 1 on (the call computes the key-norm bounds: a pass
+/// over K), 2 on with the caller's bounds (alibi::key_norm_bounds, once, outside the timed
+/// calls, as a KV cache keeps them).
 template <class T>
 void BM_cuda_decode(benchmark::State& state) {
   const index_t Hkv = state.range(0), Hq = 32, D = 128, Lk = state.range(1), B = 1;
@@ -114,15 +136,26 @@ void BM_cuda_decode(benchmark::State& state) {
       out(B * Hq * D, 4);
   alibi::attention_params params;
   params.mask.causal = true;
-  time_cuda(state, [&] {
+  params.skip_far_tiles = state.range(2) != 0;
+  const index_t blocks = (Lk + alibi::key_norm_block - 1) / alibi::key_norm_block;
+  device_tensor<float> bounds(B * Hkv * blocks, 9);
+  if (state.range(2) == 2) {
+    const auto bv = alibi::make_view(bounds.ptr, B, Hkv, blocks);
+    alibi::key_norm_bounds(alibi::backend::cuda{}, alibi::make_view<const T>(k.ptr, B, Hkv, Lk, D),
+                           bv);
+    params.key_norm_bounds = bv;
+  }
+  auto run = [&] {
     run_attention<T>(alibi::backend::cuda{}, alibi::make_view<const T>(q.ptr, B, Hq, 1, D),
                      alibi::make_view<const T>(k.ptr, B, Hkv, Lk, D),
                      alibi::make_view<const T>(v.ptr, B, Hkv, Lk, D),
                      alibi::make_view(out.ptr, B, Hq, 1, D), params);
-  });
+  };
+  time_cuda(state, run);
   const double bytes = 2.0 * B * Hkv * Lk * D * sizeof(T);
   state.counters["GBs"] =
       benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["skipped"] = skipped_fraction(params, run);
 }
 
 /// The bandwidth ceiling: a 4 GiB device-to-device copy (bytes read + written).
@@ -240,10 +273,18 @@ void BM_cuda_layer_decode(benchmark::State& state) {
 }
 
 void prefill_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"D", "L", "causal"});
+  b->ArgNames({"D", "L", "causal", "skip"});
   for (int d : {64, 128})
     for (int causal : {1, 0})
-      for (int l : {1024, 2048, 4096, 8192, 16384}) b->Args({d, l, causal});
+      for (int l : {1024, 2048, 4096, 8192, 16384, 32768})
+        for (int skip : {0, 1}) b->Args({d, l, causal, skip});
+  b->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+void decode_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"Hkv", "Lk", "skip"});
+  for (int skip : {0, 1})
+    b->Args({32, 32768, skip})->Args({8, 32768, skip})->Args({32, 131072, skip});
   b->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
@@ -254,22 +295,18 @@ BENCHMARK(BM_cublas_bf16_gemm)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_TEMPLATE(BM_cuda_attention, __nv_bfloat16)->Apply(prefill_args);
 BENCHMARK_TEMPLATE(BM_cuda_attention, __half)->Apply(prefill_args);
 BENCHMARK_TEMPLATE(BM_cuda_attention, float)
-    ->ArgNames({"D", "L", "causal"})
-    ->Args({64, 4096, 1})
-    ->Args({128, 4096, 1})
-    ->Args({128, 4096, 0})
+    ->ArgNames({"D", "L", "causal", "skip"})
+    ->Args({64, 4096, 1, 0})
+    ->Args({128, 4096, 1, 0})
+    ->Args({128, 4096, 0, 0})
+    ->Args({128, 4096, 1, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK_TEMPLATE(BM_cuda_decode, __nv_bfloat16)
-    ->ArgNames({"Hkv", "Lk"})
-    ->Args({32, 32768})
-    ->Args({8, 32768})
-    ->Args({32, 131072})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_cuda_decode, __nv_bfloat16)->Apply(decode_args);
 BENCHMARK_TEMPLATE(BM_cuda_decode, __half)
-    ->ArgNames({"Hkv", "Lk"})
-    ->Args({32, 32768})
+    ->ArgNames({"Hkv", "Lk", "skip"})
+    ->Args({32, 32768, 0})
+    ->Args({32, 32768, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -10,9 +10,14 @@
 
 namespace alibi_bench {
 
-inline void ok(cudaError_t e) {
+/// Exits with the CUDA error's name and where it came from (on stdout too, which the GPU
+/// check keeps when the benchmark's own output is filtered).
+inline void ok(cudaError_t e, const char* what = "a CUDA call") {
   if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
+    std::fflush(stdout);
+    std::printf("CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+    std::fflush(stdout);
+    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
   }
 }

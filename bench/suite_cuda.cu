@@ -34,8 +34,8 @@ void BM_suite_cuda(benchmark::State& state) {
   }
   T *q, *k, *v, *out;
   for (T** p : {&q, &k, &v, &out}) {
-    ok(cudaMalloc(p, n * sizeof(T)));
-    ok(cudaMemcpy(*p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    ok(cudaMalloc(p, n * sizeof(T)), "cudaMalloc");
+    ok(cudaMemcpy(*p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
   }
   alibi::attention_params params;
   params.mask.causal = causal;
@@ -46,13 +46,15 @@ void BM_suite_cuda(benchmark::State& state) {
                      alibi::make_view(out, 1, heads, len, dim), params);
   };
   int device = 0;
-  ok(cudaGetDevice(&device));
+  ok(cudaGetDevice(&device), "cudaGetDevice");
   cudaMemPool_t pool = alibi::cuda_detail::workspace_pool(device);
   std::uint64_t zero = 0, high = 0;
-  ok(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  ok(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero),
+     "cudaMemPoolSetAttribute(UsedMemHigh)");
   run();  // the measured call (time_cuda's warm-up repeats it)
-  ok(cudaDeviceSynchronize());
-  ok(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+  ok(cudaDeviceSynchronize(), "the first call");
+  ok(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high),
+     "cudaMemPoolGetAttribute(UsedMemHigh)");
   time_cuda(state, run);
   state.counters["GFLOP/s"] = benchmark::Counter(
       4.0 * heads * static_cast<double>(len) * len * dim * (causal ? 0.5 : 1.0) / 1e9,

@@ -3,11 +3,16 @@
 # but without Eigen, Catch2 or Google Benchmark (run scripts/gpu-deps.sh on a machine that has
 # them and bring .gpu-deps along). In about 6 minutes it:
 #   1. times PyTorch's SDPA-with-bias and FlexAttention-ALiBi in the background while nvcc
-#      builds (the GPU is idle then), bounded by ALIBI_TORCH_BUDGET seconds;
-#   2. builds the CUDA tests and benchmarks for this GPU's architecture;
-#   3. runs the `cuda`-labelled tests;
+#      builds and the tests run (no timing of ours overlaps it), bounded by
+#      ALIBI_TORCH_BUDGET seconds;
+#   2. builds the CUDA tests, benchmarks and example for this GPU's architecture, or uses
+#      the binaries in $ALIBI_GPU_PREBUILT (scripts/gpu-prebuild.sh makes them on a machine
+#      without a GPU) when they run here;
+#   3. runs the `cuda`-labelled tests and the CUDA example;
 #   4. runs compute-sanitizer memcheck and racecheck on the [sanitize] subset;
-#   5. runs the GPU benchmarks (median of 3) and prints them beside PyTorch with the ratios.
+#   5. runs the GPU benchmarks (median of 3; ALIBI_BENCH_FILTER selects some) and prints them
+#      beside PyTorch with the ratios, then the seeds' suite on the GPU (ALIBI_SUITE=0 leaves
+#      it out).
 # Results go to $ALIBI_GPU_RESULTS (default gpu-check-results/). Set ALIBI_SKIP_TORCH=1 to
 # leave out step 1.
 set -uo pipefail
@@ -15,7 +20,12 @@ cd "$(dirname "$0")/.."
 results=${ALIBI_GPU_RESULTS:-gpu-check-results}
 mkdir -p "$results"
 prefix=$PWD/.gpu-deps/usr
-export LD_LIBRARY_PATH=$prefix/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+cuda_lib=
+if command -v nvcc >/dev/null; then
+  cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
+  cuda_lib=$cuda_root/lib64:$cuda_root/lib:
+fi
+export LD_LIBRARY_PATH=$prefix/lib/x86_64-linux-gnu:$cuda_lib${LD_LIBRARY_PATH:-}
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 
@@ -31,13 +41,66 @@ if [ "${ALIBI_SKIP_TORCH:-0}" != 1 ]; then
   torch_pid=$!
 fi
 
-step "configure and build (sm_$arch)"
-mkdir -p build-gpu
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DALIBI_BUILD_EXAMPLES=OFF -DALIBI_NATIVE=OFF \
-  -DALIBI_CUDA=ON >build-gpu/configure.log 2>&1 || { cat build-gpu/configure.log; exit 1; }
-cmake --build build-gpu --target alibi_cuda_tests alibi_cuda_bench -j "$(nproc)" \
-  >build-gpu/build.log 2>&1 || { tail -50 build-gpu/build.log; exit 1; }
+# The binaries: prebuilt ones when they start here, else built for this GPU.
+bin=build-gpu
+tests=$bin/tests/alibi_cuda_tests
+bench=$bin/bench/alibi_cuda_bench
+suite=$bin/bench/alibi_suite_cuda
+example=$bin/examples/alibi_example_cuda_attention
+pre=${ALIBI_GPU_PREBUILT:-}
+starts() { "$pre/alibi_cuda_bench" --help >/dev/null 2>&1 && "$pre/alibi_cuda_tests" --help >/dev/null 2>&1; }
+if [ -n "$pre" ] && starts; then
+  step "prebuilt binaries from $pre"
+  tests=$pre/alibi_cuda_tests bench=$pre/alibi_cuda_bench suite=$pre/alibi_suite_cuda
+  example=$pre/alibi_example_cuda_attention
+  cat "$pre/built.txt" 2>/dev/null
+else
+  [ -n "$pre" ] && { echo "prebuilt binaries in $pre do not start here:"; ldd "$pre/alibi_cuda_tests" "$pre/alibi_cuda_bench" | grep "not found"; }
+  step "configure and build (sm_$arch)"
+  mkdir -p build-gpu
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DALIBI_NATIVE=OFF \
+    -DALIBI_CUDA=ON >build-gpu/configure.log 2>&1 || { cat build-gpu/configure.log; exit 1; }
+  cmake --build build-gpu --target alibi_cuda_tests alibi_cuda_bench alibi_suite_cuda \
+    alibi_example_cuda_attention -j "$(nproc)" >build-gpu/build.log 2>&1 ||
+    { tail -50 build-gpu/build.log; exit 1; }
+fi
+
+step "cuda tests"
+# The `cuda`-labelled ctest tests, run as ctest runs them, the four at once (their time is
+# the double-precision oracle's, on the host's cores). A test that runs past its limit (a
+# kernel that hangs) ends the check: everything after it would hang too.
+filters=("[skip]" "[grid]" "~[grid]~[layers]~[skip]" "[layers]")
+pids=()
+for n in 0 1 2 3; do
+  timeout 150 "$tests" "${filters[$n]}" >"$results/tests.$n.log" 2>&1 &
+  pids+=($!)
+done
+hung=0
+for n in 0 1 2 3; do
+  wait "${pids[$n]}"
+  rc=$?
+  { echo "--- alibi_cuda_tests ${filters[$n]}"; cat "$results/tests.$n.log"; } >>"$results/tests.log"
+  rm -f "$results/tests.$n.log"
+  [ $rc -ne 0 ] && { echo "FAILED ($rc): ${filters[$n]}"; status=1; }
+  [ $rc -eq 124 ] && hung=1
+done
+grep -E "^--- |Passed|Failed|Skipped|test cases|assertions" "$results/tests.log"
+grep -B2 -A14 "FAILED:" "$results/tests.log" | head -150
+[ $hung = 1 ] && exit 1
+
+step "CUDA example"
+timeout 60 "$example" || status=1
+
+step "compute-sanitizer memcheck and racecheck ([sanitize] subset)"
+for tool in memcheck racecheck; do
+  timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    "$tests" "[sanitize]" >"$results/$tool.log" 2>&1
+  rc=$?
+  echo "$tool: exit $rc"
+  tail -5 "$results/$tool.log"
+  [ $rc -ne 0 ] && status=1
+done
 
 if [ -n "$torch_pid" ]; then
   step "waiting for PyTorch"
@@ -45,25 +108,27 @@ if [ -n "$torch_pid" ]; then
   cat "$results/torch.log"
 fi
 
-step "cuda tests"
-timeout 240 ctest --test-dir build-gpu -L cuda --output-on-failure >"$results/tests.log" 2>&1 || status=1
-grep -E "Passed|Failed|Skipped|test cases|assertions" "$results/tests.log"
-grep -A14 "FAILED:" "$results/tests.log" | head -150
-
-step "compute-sanitizer memcheck and racecheck ([sanitize] subset)"
-for tool in memcheck racecheck; do
-  timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-    build-gpu/tests/alibi_cuda_tests "[sanitize]" >"$results/$tool.log" 2>&1
-  rc=$?
-  echo "$tool: exit $rc"
-  tail -5 "$results/$tool.log"
-  [ $rc -ne 0 ] && status=1
-done
-
 step "GPU benchmarks"
-timeout 240 build-gpu/bench/alibi_cuda_bench --benchmark_min_time=0.1 --benchmark_repetitions=3 \
+timeout 300 "$bench" --benchmark_min_time=0.1 --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_out="$results/bench.json" \
-  --benchmark_out_format=json 2>&1 | grep -E "median|^Run|^---|^Benchmark" || status=1
+  --benchmark_filter="${ALIBI_BENCH_FILTER:-.}" \
+  --benchmark_out_format=json 2>&1 | grep -E "median|^Run|^---|^Benchmark|rror" || status=1
+if [ "${ALIBI_SUITE:-1}" != 0 ]; then
+  step "the seeds' suite on the GPU (median of 3)"
+  timeout 120 "$suite" --benchmark_min_time=0.05 --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$results/suite.json" \
+    --benchmark_out_format=json >"$results/suite.log" 2>&1
+  rc=$?
+  grep -E "median|rror" "$results/suite.log"
+  if [ $rc -ne 0 ]; then
+    status=1
+    echo "alibi_suite_cuda exited with $rc; its output ends:"
+    tail -5 "$results/suite.log"
+    echo "the first case under compute-sanitizer:"
+    timeout 60 compute-sanitizer --tool memcheck "$suite" --benchmark_min_time=0.01 \
+      --benchmark_filter='suite/cuda_bf16/L:128/causal:1/' 2>&1 | tail -25
+  fi
+fi
 if [ "${ALIBI_EXPLORE:-0}" = 1 ]; then
   step "kernel configuration variants (key shapes)"
   deps_lib=$prefix/lib/x86_64-linux-gnu
@@ -93,7 +158,7 @@ if [ "${ALIBI_NCU:-0}" = 1 ]; then
   step "Nsight Compute on bf16 D=128 causal L=8192"
   timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy \
     --section WarpStateStats --section LaunchStats -k regex:attention_kernel -c 1 \
-    build-gpu/bench/alibi_cuda_bench --benchmark_min_time=0.01 \
+    "$bench" --benchmark_min_time=0.01 \
     --benchmark_filter='BM_cuda_attention<__nv_bfloat16>/D:128/L:8192/causal:1' >"$results/ncu.txt" 2>&1
   grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Warp Cycles|Stall|Block Limit|One or More|Issue" "$results/ncu.txt" | head -40
 fi
