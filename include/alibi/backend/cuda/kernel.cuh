@@ -107,11 +107,12 @@ struct kernel_traits {
   static constexpr int ld = D + vec;
   static constexpr int p_ld = block_n + 4;  // fp32 P rows (FMA path only), padded likewise
   // Q, two K and two V tiles (the next tile loads while this one is used), the key-mask
-  // flags of both, the fp32 P tile of the FMA path, and with skipping each row's far_info.
+  // flags of both, the fp32 P tile of the FMA path, and with skipping each row's
+  // far_row_info and side-test mark.
   static constexpr std::size_t p_bytes = tensor_cores ? 0 : sizeof(float) * block_m * p_ld;
   static constexpr std::size_t smem_bytes =
       sizeof(T) * static_cast<std::size_t>((block_m + 4 * block_n) * ld) +
-      sizeof(float) * 2 * block_n + p_bytes + (Skip ? sizeof(float4) * block_m : 0);
+      sizeof(float) * 2 * block_n + p_bytes + (Skip ? (sizeof(float4) + sizeof(int)) * block_m : 0);
 };
 
 /// A warp's register tiles: the S accumulators (acc_s[mi][n][e] is row 16 mi +
@@ -696,17 +697,19 @@ __device__ __forceinline__ void finish_rows(const fwd_args<typename Tr::element>
 
 /// Far-tile skipping: each packed row's query-norm bound, slope and log-geometric term
 /// (far_tile_bound::log_geo rounded up to float, NaN where the slope is not a finite positive
-/// number: such rows never skip), from the staged Q rows into s_info (block_m rows).
-/// Block-wide; the caller's next barrier makes it visible.
+/// number: such rows never skip), from the staged Q rows into s_info (block_m rows; .w
+/// unused), and clears the rows' side-test marks. Block-wide; the caller's next barrier
+/// makes it visible.
 template <class Tr>
 __device__ void far_row_info(const fwd_args<typename Tr::element>& a, index_t b, index_t kvh,
-                             index_t row0, const typename Tr::element* s_q, float4* s_info) {
+                             index_t row0, const typename Tr::element* s_q, float4* s_info,
+                             int* s_mark) {
   using T = typename Tr::element;
   const attention_problem& p = a.p;
   const index_t group = p.group_size(), packed_rows = p.q_len * group, lq = p.len_q(b);
   for (int lr = threadIdx.x; lr < Tr::block_m; lr += Tr::threads) {
     const index_t r = row0 + lr;
-    float4 info = make_float4(0.0f, 0.0f, detail::nan_f(), 0.0f);  // .w: the test marks
+    float4 info = make_float4(0.0f, 0.0f, detail::nan_f(), 0.0f);
     if (r < packed_rows && r / group < lq) {
       float sq = 0.0f;
       for (int d = 0; d < Tr::head_dim; ++d) {
@@ -720,6 +723,7 @@ __device__ void far_row_info(const fwd_args<typename Tr::element>& a, index_t b,
         info.z = __double2float_ru(detail::far_tile_bound::make(p.scale, slope).log_geo);
     }
     s_info[lr] = info;
+    s_mark[lr] = 0;
   }
 }
 
@@ -759,12 +763,13 @@ __device__ __forceinline__ void tile_states(const score_acc<Tr>& acc_s, row_stat
 /// lower bound on the row's final normalizer, so a row is negligible when any warp holding
 /// it proves it (the decoding instance's key warps hold disjoint columns of the same rows).
 /// Each thread of a quad tests one row (the test is 64-bit integer and double arithmetic):
-/// thread tq tests its row slot tq % rows_per_thread and marks the row in s_info[].w with
-/// this test's number `test` (> 0, new for each test of the block).
+/// thread tq tests its row slot tq % rows_per_thread and marks the row in s_mark with this
+/// test's number `test` (> 0, new for each test of the block).
 template <class Tr, bool Left>
 __device__ bool block_negligible(const fwd_args<typename Tr::element>& a, const warp_row_map& rows,
                                  index_t b, index_t row0, const row_frames<Tr>& fr,
-                                 const row_states<Tr>& st, float4* s_info, index_t x, int test) {
+                                 const row_states<Tr>& st, const float4* s_info, int* s_mark,
+                                 index_t x, int test) {
   constexpr int R = Tr::rows_per_thread;
   const attention_problem& p = a.p;
   const int lane = threadIdx.x % 32, mine = (lane % 4) % R;
@@ -785,7 +790,7 @@ __device__ bool block_negligible(const fwd_args<typename Tr::element>& a, const 
     const index_t nb = (b * p.kv_heads + rows.kv_head) * a.norm_grid;
     const float kmax = Left ? a.norm_prefix[nb + (x - 1) / key_norm_block]
                             : a.norm_suffix[nb + x / key_norm_block];
-    const float4& info = s_info[r - row0];  // .x, .y, .z only: .w is being marked
+    const float4 info = s_info[r - row0];
     const index_range kr = p.key_range(b, i);
     detail::far_tile_bound bd;
     bd.abs_scale = ::fabs(static_cast<double>(p.scale));
@@ -795,15 +800,14 @@ __device__ bool block_negligible(const fwd_args<typename Tr::element>& a, const 
         p.q_offset(b) + i - p.k_offset(b), kr.begin, kr.end, p.distance_shift(b, i), info.x, own};
     const bool ok = Left ? detail::left_negligible(bd, row, kmax, x)
                          : detail::right_negligible(bd, row, kmax, x);
-    if (ok) atomicMax(reinterpret_cast<int*>(&s_info[r - row0].w), test);
+    if (ok) atomicMax(&s_mark[r - row0], test);  // an atomic: several threads may prove it
   }
   __syncthreads();
   // Rows without keys (padding among them) have nothing left to skip.
   bool all = true;
 #pragma unroll
   for (int s = 0; s < R; ++s)
-    if (fr[s].end > fr[s].begin)
-      all = all && *reinterpret_cast<const int*>(&s_info[rows.row(s, lane / 4) - row0].w) == test;
+    if (fr[s].end > fr[s].begin) all = all && s_mark[rows.row(s, lane / 4) - row0] == test;
   return __syncthreads_and(all) != 0;
 }
 
@@ -857,25 +861,22 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   }
   const float scale_l2 = p.scale * detail::log2e_f;
 
-  // Keys any row of the block may see, [all_lo, all_hi): the positional ranges are monotone
-  // in the query position, so the first and last valid rows bound them; [key_lo, key_hi):
-  // those within this split's chunk. t0_mid: the middle row's query position relative to
-  // key 0 (where its nearest key is).
-  index_t all_lo = 0, all_hi = 0, t0_mid = 0;
+  // Keys any row of the block may see, within this split's chunk: the positional ranges
+  // are monotone in the query position, so the first and last valid rows bound them.
+  index_t key_lo = split * a.chunk, key_hi = key_lo + a.chunk;
   {
     const index_t i_first = row0 / group;
     const index_t last_row = (row0 + BM < packed_rows ? row0 + BM : packed_rows) - 1;
     const index_t i_last = (last_row / group < lq ? last_row / group : lq - 1);
-    if (i_first <= i_last) {
+    if (i_first > i_last) {
+      key_hi = key_lo;
+    } else {
       const index_range r0 = p.key_range(b, i_first), r1 = p.key_range(b, i_last);
-      all_lo = r0.begin;
-      all_hi = r1.end < lk ? r1.end : lk;
-      t0_mid = p.q_offset(b) + (i_first + i_last) / 2 - p.k_offset(b);
+      key_lo = key_lo > r0.begin ? key_lo : r0.begin;
+      key_hi = key_hi < r1.end ? key_hi : r1.end;
+      key_hi = key_hi < lk ? key_hi : lk;
     }
   }
-  index_t key_lo = split * a.chunk, key_hi = key_lo + a.chunk;
-  key_lo = key_lo > all_lo ? key_lo : all_lo;
-  key_hi = key_hi < all_hi ? key_hi : all_hi;
   const index_t tile_first = key_lo / BN;
   index_t tile_end = key_hi > key_lo ? (key_hi + BN - 1) / BN : tile_first;
 
@@ -917,22 +918,82 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
   for (int s = 0; s < R; ++s) has_rows = has_rows || fr[s].end > fr[s].begin;
   const bool warp_active = __any_sync(0xffffffffu, has_rows);
   const T* s_qw = s_q + wrow * WR * LD;  // this warp's query rows
-  q_fragments<Tr> q_frag;
 
-  // Far-tile skipping (Skip instances): the tiles are visited nearest-first (the tile of the
-  // key nearest the block's middle row, then leftwards, then rightwards), and before each
-  // tile is chosen the block asks whether the rest of that side is negligible for all its
-  // rows. Far chunks of split-KV first compute the scores of the tile nearest the rows
-  // (the anchor): their own state is empty when their first tile is chosen, and the anchor
-  // may show the whole chunk negligible, which then is never read (the later tests use the
-  // chunk's own state: fewer registers live through the loop).
-  float4* const s_info = reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(s_p) +
-                                                   Tr::p_bytes);  // (BM) with Skip
-  bool info_ready = false;
-  int tests = 0;  // side tests so far (each marks its rows with its own number)
-  index_t skipped = 0, computed = 0;
-  index_t center = tile_end - 1;
-  if constexpr (Tr::skip) {
+  q_fragments<Tr> q_frag;
+  // S = Q K^T, the bias and masks, the online softmax and O += P V for key tile t, staged in
+  // buffer buf.
+  auto compute_tile = [&](index_t t, int buf) {
+    const std::int32_t j0 = static_cast<std::int32_t>(t * BN);  // k_len < 2^28
+    const T* s_k = s_k0 + buf * BN * LD;
+    const T* s_v = s_v0 + buf * BN * LD;
+    const float* s_flags = s_flags0 + buf * BN;
+    score_acc<Tr> acc_s;
+    compute_scores<Tr>(acc_s, s_qw, s_k, q_frag, koff, lane);  // S = Q K^T
+    bias_and_masks<Tr>(acc_s, fr, j0, koff + 2 * tq, scale_l2, neg_slope_l2, has_key_mask,
+                       s_flags);         // base-2 scores, -inf masked
+    softmax_tile<Tr>(acc_s, acc_o, st);  // P, row states, O rescaled
+    accumulate_pv<Tr>(acc_o, acc_s, s_v, s_p + wrow * WR * Tr::p_ld, koff, lane);  // O += P V
+  };
+  index_t computed = 0, skipped = 0;  // key tiles, for params.stats
+
+  if constexpr (!Tr::skip) {
+    // Every tile, from the last to the first.
+    computed = tile_end - tile_first;
+    if (tile_end > tile_first) {
+      stage_rows<Tr>(s_q, BM, a.aligned, q_row);
+      stage_tile(tile_end - 1, static_cast<int>((tile_end - 1) & 1), true);
+      cp_async_commit();
+    }
+    for (index_t t = tile_end - 1; t >= tile_first; --t) {
+      const int buf = static_cast<int>(t & 1);
+      // Prefetch the next tile into the other buffer (free: every warp passed the barrier at
+      // the end of the previous iteration), then wait for this one only.
+      if (t > tile_first) {
+        stage_tile(t - 1, static_cast<int>((t - 1) & 1), true);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // tile t (and Q) have landed for every thread
+      if (!warp_active) {
+        __syncthreads();
+        continue;
+      }
+      if constexpr (Tr::q_in_regs) {
+        if (t == tile_end - 1) load_q_fragments<Tr>(q_frag, s_qw, lane);
+      }
+      compute_tile(t, buf);
+      __syncthreads();  // every warp is done with buffer t % 2 before it is refilled
+    }
+  } else {
+    // Far-tile skipping (Skip instances): the tiles are visited nearest-first (the tile of the
+    // key nearest the block's middle row, then leftwards, then rightwards), and before each
+    // tile is chosen the block asks whether the rest of that side is negligible for all its
+    // rows. Far chunks of split-KV first compute the scores of the tile nearest the rows
+    // (the anchor): their own state is empty when their first tile is chosen, and the anchor
+    // may show the whole chunk negligible, which then is never read (the later tests use the
+    // chunk's own state: fewer registers live through the loop).
+    float4* const s_info =
+        reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(s_p) + Tr::p_bytes);  // (BM)
+    int* const s_mark = reinterpret_cast<int*>(s_info + BM);                             // (BM)
+    bool info_ready = false;
+    int tests = 0;  // side tests so far (each marks its rows with its own number)
+    index_t center = tile_end - 1;
+    // All the keys of the block's rows, [all_lo, all_hi) (not only this chunk's), and t0_mid:
+    // the middle row's query position relative to key 0 (where its nearest key is).
+    index_t all_lo = 0, all_hi = 0, t0_mid = 0;
+    {
+      const index_t i_first = row0 / group;
+      const index_t last_row = (row0 + BM < packed_rows ? row0 + BM : packed_rows) - 1;
+      const index_t i_last = (last_row / group < lq ? last_row / group : lq - 1);
+      if (i_first <= i_last) {
+        all_lo = p.key_range(b, i_first).begin;
+        all_hi = p.key_range(b, i_last).end;
+        all_hi = all_hi < lk ? all_hi : lk;
+        t0_mid = p.q_offset(b) + (i_first + i_last) / 2 - p.k_offset(b);
+      }
+    }
     auto nearest = [&](index_t lo, index_t hi) {
       return t0_mid < lo ? lo : t0_mid >= hi ? hi - 1 : t0_mid;
     };
@@ -947,7 +1008,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        far_row_info<Tr>(a, b, kvh, row0, s_q, s_info);
+        far_row_info<Tr>(a, b, kvh, row0, s_q, s_info, s_mark);
         if (warp_active) {
           if constexpr (Tr::q_in_regs) load_q_fragments<Tr>(q_frag, s_qw, lane);
           score_acc<Tr> acc_s;
@@ -959,35 +1020,33 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
         __syncthreads();  // s_info is complete, and buffer 0 is free again
         info_ready = true;
         // The chunk lies on one side of the rows' nearest key: left of it, or right.
-        const bool negligible =
-            near_all >= key_hi
-                ? block_negligible<Tr, true>(a, rows, b, row0, fr, anchor, s_info, key_hi, ++tests)
-                : block_negligible<Tr, false>(a, rows, b, row0, fr, anchor, s_info, key_lo,
-                                              ++tests);
+        const bool negligible = near_all >= key_hi
+                                    ? block_negligible<Tr, true>(a, rows, b, row0, fr, anchor,
+                                                                 s_info, s_mark, key_hi, ++tests)
+                                    : block_negligible<Tr, false>(a, rows, b, row0, fr, anchor,
+                                                                  s_info, s_mark, key_lo, ++tests);
         if (negligible) {
           skipped = tile_end - tile_first;
           tile_end = tile_first;
         }
       }
     }
-  }
 
-  index_t t = tile_end > tile_first ? center : -1, next = -1;
-  bool left_side = true;  // Skip: still walking leftwards from the center
-  if (t >= 0) {
-    stage_rows<Tr>(s_q, BM, a.aligned, q_row);
-    stage_tile(t, 0, true);
-    cp_async_commit();
-  }
-  for (int buf = 0; t >= 0; t = next, buf ^= 1) {
-    // The next tile, staged into the other buffer (free: every warp passed the barrier at
-    // the end of the previous iteration) while this one is used. With skipping, the side
-    // tests see the rows' states before this tile (a valid, slightly weaker bound).
-    if constexpr (Tr::skip) {
+    index_t t = tile_end > tile_first ? center : -1, next = -1;
+    bool left_side = true;  // still walking leftwards from the center
+    if (t >= 0) {
+      stage_rows<Tr>(s_q, BM, a.aligned, q_row);
+      stage_tile(t, 0, true);
+      cp_async_commit();
+    }
+    for (int buf = 0; t >= 0; t = next, buf ^= 1) {
+      // The next tile, staged into the other buffer (free: every warp passed the barrier at
+      // the end of the previous iteration) while this one is used. The side tests see the
+      // rows' states before this tile (a valid, slightly weaker bound).
       next = -1;
       if (left_side && t > tile_first) {
         if (info_ready &&
-            block_negligible<Tr, true>(a, rows, b, row0, fr, st, s_info, t * BN, ++tests))
+            block_negligible<Tr, true>(a, rows, b, row0, fr, st, s_info, s_mark, t * BN, ++tests))
           skipped += t - tile_first;
         else
           next = t - 1;
@@ -996,49 +1055,36 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
         const index_t c = left_side ? center + 1 : t + 1;
         left_side = false;
         if (c < tile_end) {
-          if (info_ready &&
-              block_negligible<Tr, false>(a, rows, b, row0, fr, st, s_info, c * BN, ++tests))
+          if (info_ready && block_negligible<Tr, false>(a, rows, b, row0, fr, st, s_info, s_mark,
+                                                        c * BN, ++tests))
             skipped += tile_end - c;
           else
             next = c;
         }
       }
-    } else {
-      next = t > tile_first ? t - 1 : -1;
-    }
-    if (next >= 0) {
-      stage_tile(next, buf ^ 1, true);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // tile t (and Q) have landed for every thread
-    if constexpr (Tr::skip) {
+      if (next >= 0) {
+        stage_tile(next, buf ^ 1, true);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // tile t (and Q) have landed for every thread
       if (!info_ready) {
-        far_row_info<Tr>(a, b, kvh, row0, s_q, s_info);  // visible after this iteration
+        far_row_info<Tr>(a, b, kvh, row0, s_q, s_info, s_mark);  // visible after this iteration
         info_ready = true;
       }
+      ++computed;
+      if (!warp_active) {
+        __syncthreads();
+        continue;
+      }
+      if constexpr (Tr::q_in_regs) {
+        if (computed == 1) load_q_fragments<Tr>(q_frag, s_qw, lane);
+      }
+      compute_tile(t, buf);
+      __syncthreads();  // every warp is done with buffer buf before it is refilled
     }
-    ++computed;
-    if (!warp_active) {
-      __syncthreads();
-      continue;
-    }
-    if constexpr (Tr::q_in_regs) {
-      if (computed == 1) load_q_fragments<Tr>(q_frag, s_qw, lane);
-    }
-    const std::int32_t j0 = static_cast<std::int32_t>(t * BN);  // k_len < 2^28
-    const T* s_k = s_k0 + buf * BN * LD;
-    const T* s_v = s_v0 + buf * BN * LD;
-    const float* s_flags = s_flags0 + buf * BN;
-    score_acc<Tr> acc_s;
-    compute_scores<Tr>(acc_s, s_qw, s_k, q_frag, koff, lane);  // S = Q K^T
-    bias_and_masks<Tr>(acc_s, fr, j0, koff + 2 * tq, scale_l2, neg_slope_l2, has_key_mask,
-                       s_flags);         // base-2 scores, -inf masked
-    softmax_tile<Tr>(acc_s, acc_o, st);  // P, row states, O rescaled
-    accumulate_pv<Tr>(acc_o, acc_s, s_v, s_p + wrow * WR * Tr::p_ld, koff, lane);  // O += P V
-    __syncthreads();  // every warp is done with buffer buf before it is refilled
   }
   // params.stats: the anchor tile (scores only) is not counted, so that computed + skipped
   // is the dense count.
