@@ -53,6 +53,7 @@ void run_attention(const alibi::backend::cuda& be, alibi::tensor_view<const T, 4
   alibi::detail::attention_problem prob;
   alibi::detail::attention_tensors<T, T, T> t;
   alibi::detail::prepare(be, q, k, v, out, params, prob, t).throw_if_failed();
+  prob = alibi::cuda_detail::gate_skipping(be, prob);
   alibi::cuda_detail::dispatch_head_dim(prob.head_dim, [&](auto dim) {
     alibi::cuda_detail::launch<T, decltype(dim)::value, bench_tuning>(prob, t.q, t.k, t.v, t.out,
                                                                       be.stream);
@@ -88,6 +89,15 @@ struct device_tensor {
   ~device_tensor() { cudaFree(ptr); }
 };
 
+/// The backend for a benchmark's `skip` argument: far-tile skipping engaged at every length
+/// (it is opt-in on the CUDA backend), or not.
+alibi::backend::cuda bench_backend(bool skip) {
+  alibi::backend::cuda be{};
+  be.far_tile_skipping = skip;
+  be.skip_min_keys = 0;
+  return be;
+}
+
 /// The fraction of key tiles far-tile skipping skipped in one more (synchronizing) call with
 /// params.stats, outside the timed calls.
 template <class Run>
@@ -111,9 +121,10 @@ void BM_cuda_attention(benchmark::State& state) {
   alibi::attention_params params;
   params.mask.causal = causal;
   params.skip_far_tiles = state.range(3) != 0;
+  const alibi::backend::cuda be = bench_backend(params.skip_far_tiles);
   auto view = [&](T* p) { return alibi::make_view(p, B, H, L, D); };
   auto run = [&] {
-    run_attention<T>(alibi::backend::cuda{}, alibi::tensor_view<const T, 4>(view(q.ptr)),
+    run_attention<T>(be, alibi::tensor_view<const T, 4>(view(q.ptr)),
                      alibi::tensor_view<const T, 4>(view(k.ptr)),
                      alibi::tensor_view<const T, 4>(view(v.ptr)), view(out.ptr), params);
   };
@@ -137,6 +148,7 @@ void BM_cuda_decode(benchmark::State& state) {
   alibi::attention_params params;
   params.mask.causal = true;
   params.skip_far_tiles = state.range(2) != 0;
+  const alibi::backend::cuda be = bench_backend(params.skip_far_tiles);
   const index_t blocks = (Lk + alibi::key_norm_block - 1) / alibi::key_norm_block;
   device_tensor<float> bounds(B * Hkv * blocks, 9);
   if (state.range(2) == 2) {
@@ -146,7 +158,7 @@ void BM_cuda_decode(benchmark::State& state) {
     params.key_norm_bounds = bv;
   }
   auto run = [&] {
-    run_attention<T>(alibi::backend::cuda{}, alibi::make_view<const T>(q.ptr, B, Hq, 1, D),
+    run_attention<T>(be, alibi::make_view<const T>(q.ptr, B, Hq, 1, D),
                      alibi::make_view<const T>(k.ptr, B, Hkv, Lk, D),
                      alibi::make_view<const T>(v.ptr, B, Hkv, Lk, D),
                      alibi::make_view(out.ptr, B, Hq, 1, D), params);

@@ -172,14 +172,24 @@ comparison check_cuda_with(const case_spec& spec, cudaStream_t stream, Run&& run
   return check_cuda_data<T>(c, stream, std::forward<Run>(run));
 }
 
-/// Runs the CUDA backend through alibi::attention on a case and compares with the oracle.
+/// The backend with far-tile skipping engaged at every length (it is opt-in, from 16384
+/// keys, by default).
+inline alibi::backend::cuda skipping(alibi::backend::cuda be) {
+  be.far_tile_skipping = true;
+  be.skip_min_keys = 0;
+  return be;
+}
+
+/// Runs the CUDA backend through alibi::attention on a case and compares with the oracle;
+/// `skip`: with far-tile skipping engaged.
 template <class T>
-comparison check_cuda(const case_spec& spec, cudaStream_t stream = nullptr) {
+comparison check_cuda(const case_spec& spec, cudaStream_t stream = nullptr, bool skip = false) {
   return check_cuda_with<T>(
       spec, stream,
-      [](const alibi::backend::cuda& be, const auto& q, const auto& k, const auto& v,
-         const auto& out,
-         const alibi::attention_params& params) { alibi::attention(be, q, k, v, out, params); });
+      [skip](const alibi::backend::cuda& be, const auto& q, const auto& k, const auto& v,
+             const auto& out, const alibi::attention_params& params) {
+        alibi::attention(skip ? skipping(be) : be, q, k, v, out, params);
+      });
 }
 
 }  // namespace alibi_test

@@ -22,12 +22,13 @@ bool supported(const case_spec& s) {
   return (s.d == 32 || s.d == 64 || s.d == 96 || s.d == 128) && s.v_dim() == s.d;
 }
 
+/// Every case against the oracle; `skip`: with far-tile skipping engaged (at every length).
 template <class T>
-void run_grid(const std::vector<case_spec>& cases) {
+void run_grid(const std::vector<case_spec>& cases, bool skip = false) {
   for (case_spec spec : cases) {
     for (bool aligned : {false, true}) {
       spec.aligned = aligned;
-      INFO(alibi_test::element_name<T>() << ": " << spec.name());
+      INFO(alibi_test::element_name<T>() << ": " << spec.name() << (skip ? ", skipping" : ""));
       if (!supported(spec)) {
         // Unsupported head dims are an error, never a wrong answer.
         alibi_test::case_data c(spec);
@@ -41,7 +42,7 @@ void run_grid(const std::vector<case_spec>& cases) {
         CHECK_THAT(st.message(), Catch::Contains("head_dim"));
         continue;
       }
-      const comparison r = alibi_test::check_cuda<T>(spec);
+      const comparison r = alibi_test::check_cuda<T>(spec, nullptr, skip);
       INFO(r.describe());
       CHECK(r.ok());
     }
@@ -97,6 +98,13 @@ TEST_CASE("cuda: split-KV decoding (GQA, lengths, key mask, offsets, window)", "
   run_grid<__nv_bfloat16>(decode_cases());
 }
 
+TEST_CASE("cuda: the case grid and decoding with far-tile skipping engaged", "[cuda][skip]") {
+  run_grid<float>(alibi_test::grid_cases(), true);
+  run_grid<__nv_bfloat16>(alibi_test::grid_cases(), true);
+  run_grid<__nv_bfloat16>(alibi_test::scale_cases(), true);
+  run_grid<__half>(decode_cases(), true);
+}
+
 TEST_CASE("cuda: small subset for the sanitizers", "[cuda][sanitize]") {
   std::vector<case_spec> cases;
   const std::vector<case_spec> grid = alibi_test::grid_cases();
@@ -122,6 +130,7 @@ TEST_CASE("cuda: small subset for the sanitizers", "[cuda][sanitize]") {
   both_sides.slope_scale = 64.0f;
   cases.push_back(both_sides);
   run_grid<__nv_bfloat16>(cases);
+  run_grid<__nv_bfloat16>(cases, true);
   run_grid<float>(cases);
 }
 

@@ -47,7 +47,7 @@ skip_run run_case(const case_spec& s, bool skip,
           p.key_norm_bounds = alibi::make_view<const float>(
               bounds_d.ptr, s.batch, s.hkv,
               (s.lk + alibi::key_norm_block - 1) / alibi::key_norm_block);
-        alibi::attention(be, q, k, v, out, p);
+        alibi::attention(alibi_test::skipping(be), q, k, v, out, p);
       });
   return r;
 }
@@ -200,7 +200,7 @@ TEST_CASE("cuda: far-tile skipping never engages without a positive slope or pas
   alibi_test::device_buffer<float> out(out_h);
   alibi::attention_params p = dc.params;
   p.stats = &stats;
-  alibi::attention(alibi::backend::cuda{}, dc.qv, dc.kv, dc.vv,
+  alibi::attention(alibi_test::skipping({}), dc.qv, dc.kv, dc.vv,
                    alibi::make_view(out.ptr, 1, 2, 2000, 64), p);
   out_h = out.download();
   index_t wrong = 0;
@@ -273,7 +273,7 @@ TEST_CASE("cuda: far-tile skipping with the caller's key-norm bounds", "[cuda][s
       alibi::attention_params p = dc.params;
       p.stats = &stats;
       if (caller) p.key_norm_bounds = bv;
-      alibi::attention(alibi::backend::cuda{}, dc.qv, dc.kv, dc.vv,
+      alibi::attention(alibi_test::skipping({}), dc.qv, dc.kv, dc.vv,
                        alibi::make_view(out.ptr, s.batch, s.hq, 1, s.d), p);
       return out.download();
     };
@@ -296,8 +296,34 @@ TEST_CASE("cuda: far-tile skipping with the caller's key-norm bounds", "[cuda][s
         alibi_test::device_buffer<float> out(std::vector<float>(64));
         alibi::attention_params p = dc.params;
         p.key_norm_bounds = alibi::make_view<const float>(host.data(), 1, 1, 24);
-        alibi::attention(alibi::backend::cuda{}, dc.qv, dc.kv, dc.vv,
+        alibi::attention(alibi_test::skipping({}), dc.qv, dc.kv, dc.vv,
                          alibi::make_view(out.ptr, 1, 1, 1, 64), p);
       }(),
       Catch::Contains("params.key_norm_bounds"));
+}
+
+TEST_CASE("cuda: far-tile skipping is opt-in, from backend::cuda::skip_min_keys keys on",
+          "[cuda][skip]") {
+  case_spec s;
+  s.lq = 600, s.lk = 3000, s.hq = 2, s.hkv = 2, s.d = 64, s.causal = true, s.aligned = true;
+  case_data c(s);
+  alibi_test::round_inputs<__nv_bfloat16>(c);
+  alibi_test::device_case<__nv_bfloat16> dc(c);
+  alibi_test::device_buffer<__nv_bfloat16> out(
+      std::vector<__nv_bfloat16>(static_cast<std::size_t>(s.hq * s.lq * s.d)));
+  auto skipped = [&](const alibi::backend::cuda& be) {
+    alibi::attention_stats stats;
+    alibi::attention_params p = dc.params;
+    p.stats = &stats;
+    alibi::attention(be, dc.qv, dc.kv, dc.vv, alibi::make_view(out.ptr, 1, s.hq, s.lq, s.d), p);
+    return stats.tiles_skipped;
+  };
+  alibi::backend::cuda on{};
+  on.far_tile_skipping = true;  // from the default 16384 keys on
+  CHECK(skipped(alibi::backend::cuda{}) == 0);
+  CHECK(skipped(on) == 0);
+  on.skip_min_keys = 3001;
+  CHECK(skipped(on) == 0);
+  on.skip_min_keys = 3000;
+  CHECK(skipped(on) > 0);
 }

@@ -56,15 +56,19 @@ struct attention_params {
   /// normalizer, so the output changes by less than 2^-24 max|v| (fp32 rounding). See the
   /// README for the bound. false computes every tile.
   bool skip_far_tiles = true;
-  /// Optional: counters of the tiles computed and skipped (fused CPU backend).
+  /// Optional: counters of the tiles computed and skipped (fused CPU and CUDA backends; the
+  /// CUDA backend waits for the call's stream to finish to fill them). Far-tile skipping is
+  /// opt-in on the CUDA backend: see backend::cuda.
   attention_stats* stats = nullptr;
-  /// Optional, for far-tile skipping on the CPU backend (other backends ignore it):
+  /// Optional, for far-tile skipping on the eigen and CUDA backends (host memory for the one,
+  /// device memory for the other; the reference backend ignores it):
   /// (batch, kv_heads, ceil(k_len / key_norm_block)) upper bounds on the Euclidean norm of
   /// the keys of each block of key_norm_block keys (keys no row can see may be left out, or
   /// counted). Without it the call computes them from K, a pass over all of K: for a decode
   /// step, half as many bytes again as it reads otherwise. alibi::key_norm_bounds() computes
-  /// them (also for the blocks from a given key on, for a cache that grows), and the layers'
-  /// kv_cache keeps them. A value below a true norm voids the skipping's error bound; NaN
+  /// them (also for the blocks from a given key on, for a cache that grows; for device K,
+  /// alibi::key_norm_bounds(backend::cuda, ...)), and the layers' kv_cache on the eigen
+  /// backend keeps them. A value below a true norm voids the skipping's error bound; NaN
   /// disables skipping for its KV head.
   tensor_view<const float, 3> key_norm_bounds{};
 };

@@ -35,9 +35,18 @@ struct eigen {
 
 /// The CUDA backend: work is queued on `stream` (nullptr: the legacy default stream) and
 /// attention() returns without synchronizing. <alibi/cuda.cuh>
+///
+/// Far-tile skipping (attention_params::skip_far_tiles) is opt-in on this backend: it
+/// engages only with far_tile_skipping set, and then only for calls with at least
+/// skip_min_keys keys. Why: the device code that skips passed the GPU tests on an H200 in an
+/// earlier form, which was faster than the dense kernel from 16384 keys on and slower below;
+/// the committed form (cheaper side tests, coalesced key norms) has not run on a GPU yet.
+/// See the README's CUDA section.
 struct cuda {
   using memory_space = device_space;
   CUstream_st* stream = nullptr;
+  bool far_tile_skipping = false;
+  long long skip_min_keys = 16384;
 };
 
 }  // namespace backend

@@ -277,6 +277,13 @@ void launch_instance(const attention_problem& p, tensor_view<const T, 4> q,
   }
 }
 
+/// The problem as the kernels see it: far-tile skipping only where the backend opts in
+/// (backend::cuda::far_tile_skipping, k_len >= skip_min_keys).
+inline attention_problem gate_skipping(const backend::cuda& be, attention_problem p) {
+  p.skip_far_tiles = p.skip_far_tiles && be.far_tile_skipping && p.k_len >= be.skip_min_keys;
+  return p;
+}
+
 /// Picks the kernel instance: the decoding one when every row of a (batch, kv head) fits
 /// one 16-row tile (q_len x group <= 16) and tensor cores are used, the general one else;
 /// each with far-tile skipping (params.skip_far_tiles, ALiBi on, k_len > key_norm_block)
@@ -454,8 +461,9 @@ struct attention_impl<backend::cuda> {
     if constexpr (cuda_detail::supported_element<TQ> && std::is_same<TQ, TKV>::value &&
                   std::is_same<TQ, TO>::value) {
       if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;
+      const attention_problem gp = cuda_detail::gate_skipping(be, p);
       cuda_detail::dispatch_head_dim(p.head_dim, [&](auto dim) {
-        cuda_detail::launch<TQ, decltype(dim)::value>(p, t.q, t.k, t.v, t.out, be.stream);
+        cuda_detail::launch<TQ, decltype(dim)::value>(gp, t.q, t.k, t.v, t.out, be.stream);
       });
     }
   }
