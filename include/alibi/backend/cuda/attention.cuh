@@ -379,23 +379,9 @@ void key_norm_bounds(const backend::cuda& be, const tensor_view<const T, 4>& k,
   static_assert(cuda_detail::supported_element<T>,
                 "alibi::key_norm_bounds (cuda): k must be float, __half or __nv_bfloat16");
   const std::string f = "alibi::key_norm_bounds (cuda)";
+  detail::check_key_norm_bounds_args(f, k, bounds, first_key);
   const index_t B = k.extents[0], H = k.extents[1], L = k.extents[2], D = k.extents[3];
   const index_t blocks = (L + key_norm_block - 1) / key_norm_block;
-  if (B < 0 || H < 0 || L < 0 || D < 0) detail::raise(error(f + ": k has a negative extent"));
-  if (D > 1 && k.strides[3] != 1)
-    detail::raise(error(f + ": k.stride(3) (head_dim) must be 1 (contiguous), got " +
-                        detail::str(k.strides[3])));
-  if (bounds.extents[0] != B || bounds.extents[1] != H || bounds.extents[2] != blocks)
-    detail::raise(error(f +
-                        ": bounds must have shape (batch, kv_heads, ceil(k_len / "
-                        "key_norm_block)) = (" +
-                        detail::str(B) + ", " + detail::str(H) + ", " + detail::str(blocks) +
-                        "), got (" + detail::str(bounds.extents[0]) + ", " +
-                        detail::str(bounds.extents[1]) + ", " + detail::str(bounds.extents[2]) +
-                        ")"));
-  if (first_key < 0 || first_key > L)
-    detail::raise(error(f + ": first_key must be in [0, k_len = " + detail::str(L) + "], got " +
-                        detail::str(first_key)));
   if (!cuda_detail::kernel_head_dims::contains(D))
     detail::raise(error(f + ": head_dim (k.extent(3)) must be " +
                         cuda_detail::kernel_head_dims::names() + ", got " + detail::str(D)));

@@ -28,28 +28,12 @@ void key_norm_bounds(const tensor_view<const T, 4>& k, const tensor_view<float, 
                      index_t first_key = 0) {
   static_assert(detail::cpu::is_cpu_kv_type<T>,
                 "alibi::key_norm_bounds: k must be float, Eigen::half or Eigen::bfloat16");
-  const char* f = "alibi::key_norm_bounds";
-  const index_t B = k.extents[0], H = k.extents[1], L = k.extents[2], D = k.extents[3];
+  detail::check_key_norm_bounds_args("alibi::key_norm_bounds", k, bounds, first_key);
+  const index_t B = k.extents[0], H = k.extents[1], L = k.extents[2];
   const index_t blocks = (L + key_norm_block - 1) / key_norm_block;
-  if (B < 0 || H < 0 || L < 0 || D < 0)
-    detail::raise(error(std::string(f) + ": k has a negative extent"));
-  if (D > 1 && k.strides[3] != 1)
-    detail::raise(error(std::string(f) + ": k.stride(3) (head_dim) must be 1 (contiguous), got " +
-                        detail::str(k.strides[3])));
-  if (bounds.extents[0] != B || bounds.extents[1] != H || bounds.extents[2] != blocks)
-    detail::raise(error(std::string(f) +
-                        ": bounds must have shape (batch, kv_heads, ceil(k_len / "
-                        "key_norm_block)) = (" +
-                        detail::str(B) + ", " + detail::str(H) + ", " + detail::str(blocks) +
-                        "), got (" + detail::str(bounds.extents[0]) + ", " +
-                        detail::str(bounds.extents[1]) + ", " + detail::str(bounds.extents[2]) +
-                        ")"));
-  if (first_key < 0 || first_key > L)
-    detail::raise(error(std::string(f) + ": first_key must be in [0, k_len = " + detail::str(L) +
-                        "], got " + detail::str(first_key)));
   if (B == 0 || H == 0 || L == 0) return;
   if (k.data == nullptr || bounds.data == nullptr)
-    detail::raise(error(std::string(f) + ": k.data and bounds.data must not be null"));
+    detail::raise(error("alibi::key_norm_bounds: k.data and bounds.data must not be null"));
   const detail::cpu::kv_source<T> src{k, k};
   for (index_t b = 0; b < B; ++b)
     for (index_t h = 0; h < H; ++h)
