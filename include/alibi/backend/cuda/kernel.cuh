@@ -762,9 +762,9 @@ __device__ __forceinline__ void tile_states(const score_acc<Tr>& acc_s, row_stat
 /// sums: the warp's columns of the tiles computed so far, or of the anchor tile); it is a
 /// lower bound on the row's final normalizer, so a row is negligible when any warp holding
 /// it proves it (the decoding instance's key warps hold disjoint columns of the same rows).
-/// Each thread of a quad tests one row (the test is 64-bit integer and double arithmetic):
-/// thread tq tests its row slot tq % rows_per_thread and marks the row in s_mark with this
-/// test's number `test` (> 0, new for each test of the block).
+/// Each thread of a quad tests one row at a time (the test is 64-bit integer and double
+/// arithmetic): thread tq tests its row slots tq, tq + 4, ... and marks a proven row in s_mark
+/// with this test's number `test` (> 0, new for each test of the block).
 template <class Tr, bool Left>
 __device__ bool block_negligible(const fwd_args<typename Tr::element>& a, const warp_row_map& rows,
                                  index_t b, index_t row0, const row_frames<Tr>& fr,
@@ -772,35 +772,41 @@ __device__ bool block_negligible(const fwd_args<typename Tr::element>& a, const 
                                  index_t x, int test) {
   constexpr int R = Tr::rows_per_thread;
   const attention_problem& p = a.p;
-  const int lane = threadIdx.x % 32, mine = (lane % 4) % R;
-  bool has_keys = false;  // whether row slot `mine` is a row with keys (else: nothing to test)
-  softmax_state own;
+  const int lane = threadIdx.x % 32;
+  const index_t nb = (b * p.kv_heads + rows.kv_head) * a.norm_grid;
+  const float kmax =
+      Left ? a.norm_prefix[nb + (x - 1) / key_norm_block] : a.norm_suffix[nb + x / key_norm_block];
+  // Rounds of four row slots: in each, thread tq of a quad tests slot base + tq (one round
+  // with the default tunings, whose threads hold 2 or 4 rows).
 #pragma unroll
-  for (int s = 0; s < R; ++s) {
-    float l = st[s].l + __shfl_xor_sync(0xffffffffu, st[s].l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (s == mine) {
-      has_keys = fr[s].end > fr[s].begin;
-      own.m = st[s].m;
-      own.l = l;
+  for (int base = 0; base < R; base += 4) {
+    const int mine = base + lane % 4;
+    bool has_keys = false;  // whether row slot `mine` is a row with keys (else: nothing to test)
+    softmax_state own;
+#pragma unroll
+    for (int s = base; s < R && s < base + 4; ++s) {
+      float l = st[s].l + __shfl_xor_sync(0xffffffffu, st[s].l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (s == mine) {
+        has_keys = fr[s].end > fr[s].begin;
+        own.m = st[s].m;
+        own.l = l;
+      }
     }
-  }
-  if (has_keys) {
-    const index_t r = rows.row(mine, lane / 4), i = rows.query(r);
-    const index_t nb = (b * p.kv_heads + rows.kv_head) * a.norm_grid;
-    const float kmax = Left ? a.norm_prefix[nb + (x - 1) / key_norm_block]
-                            : a.norm_suffix[nb + x / key_norm_block];
-    const float4 info = s_info[r - row0];
-    const index_range kr = p.key_range(b, i);
-    detail::far_tile_bound bd;
-    bd.abs_scale = ::fabs(static_cast<double>(p.scale));
-    bd.slope = info.y;
-    bd.log_geo = info.z;
-    const detail::far_row row{
-        p.q_offset(b) + i - p.k_offset(b), kr.begin, kr.end, p.distance_shift(b, i), info.x, own};
-    const bool ok = Left ? detail::left_negligible(bd, row, kmax, x)
-                         : detail::right_negligible(bd, row, kmax, x);
-    if (ok) atomicMax(&s_mark[r - row0], test);  // an atomic: several threads may prove it
+    if (has_keys) {
+      const index_t r = rows.row(mine, lane / 4), i = rows.query(r);
+      const float4 info = s_info[r - row0];
+      const index_range kr = p.key_range(b, i);
+      detail::far_tile_bound bd;
+      bd.abs_scale = ::fabs(static_cast<double>(p.scale));
+      bd.slope = info.y;
+      bd.log_geo = info.z;
+      const detail::far_row row{
+          p.q_offset(b) + i - p.k_offset(b), kr.begin, kr.end, p.distance_shift(b, i), info.x, own};
+      const bool ok = Left ? detail::left_negligible(bd, row, kmax, x)
+                           : detail::right_negligible(bd, row, kmax, x);
+      if (ok) atomicMax(&s_mark[r - row0], test);  // an atomic: several threads may prove it
+    }
   }
   __syncthreads();
   // Rows without keys (padding among them) have nothing left to skip.
@@ -1019,7 +1025,11 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
         }
         __syncthreads();  // s_info is complete, and buffer 0 is free again
         info_ready = true;
-        // The chunk lies on one side of the rows' nearest key: left of it, or right.
+        // The chunk lies on one side of the rows' nearest key: left of it, or right. Each
+        // side test bounds the whole tail of that side beyond its point (every key at that
+        // distance or more), not only this chunk's keys, so the weight all the chunks and
+        // tiles skipped on one side is at most the tail of the nearest point skipped there:
+        // the bounds nest rather than add up.
         const bool negligible = near_all >= key_hi
                                     ? block_negligible<Tr, true>(a, rows, b, row0, fr, anchor,
                                                                  s_info, s_mark, key_hi, ++tests)
@@ -1035,7 +1045,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
     index_t t = tile_end > tile_first ? center : -1, next = -1;
     bool left_side = true;  // still walking leftwards from the center
     if (t >= 0) {
-      stage_rows<Tr>(s_q, BM, a.aligned, q_row);
+      if (!info_ready) stage_rows<Tr>(s_q, BM, a.aligned, q_row);  // else the anchor staged Q
       stage_tile(t, 0, true);
       cp_async_commit();
     }
