@@ -291,6 +291,15 @@ struct comparison {
   }
 };
 
+/// One run of a far-tile skipping test (every backend's): the comparison with the oracle,
+/// the tiles computed and skipped, and (where a test compares runs) the output's values in
+/// (b, h, i, e) order.
+struct skip_run {
+  comparison cmp;
+  alibi::attention_stats stats;
+  std::vector<float> out;
+};
+
 /// The tolerance rule of the design notes: max |impl - ref64| <= 2 * max |naive32 - ref64| +
 /// a floor; logsumexp likewise, and exactly -inf where the oracle's is.
 ///

@@ -22,10 +22,7 @@ using alibi_test::case_spec;
 
 namespace {
 
-struct skip_run {
-  alibi_test::comparison cmp;
-  alibi::attention_stats stats;
-};
+using alibi_test::skip_run;
 
 /// Runs the CUDA backend with skipping on or off on a fresh case (`edit` may change its
 /// inputs first), with optional caller key-norm bounds, and compares it with the oracle.

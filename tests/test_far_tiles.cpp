@@ -17,11 +17,7 @@ using alibi_test::case_spec;
 
 namespace {
 
-struct skip_run {
-  alibi_test::comparison cmp;
-  alibi::attention_stats stats;
-  std::vector<float> out;  // the output's values, in (b, h, i, e) order
-};
+using alibi_test::skip_run;
 
 // Runs the eigen backend with skipping on or off and compares it with the oracle.
 skip_run run_case(case_data& c, bool skip) {
