@@ -295,7 +295,7 @@ void prefill_args(benchmark::internal::Benchmark* b) {
 
 void decode_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"Hkv", "Lk", "skip"});
-  for (int skip : {0, 1})
+  for (int skip : {0, 1, 2})
     b->Args({32, 32768, skip})->Args({8, 32768, skip})->Args({32, 131072, skip});
   b->UseManualTime()->Unit(benchmark::kMicrosecond);
 }

@@ -225,3 +225,36 @@ TEST_CASE("the side tests every skipping backend shares (detail::left/right_negl
   for (float slope : {0.0f, -0.5f})
     CHECK_FALSE(alibi::detail::right_negligible(far_tile_bound::make(1.0f, slope), r, 1.0f, 1100));
 }
+
+TEST_CASE("far_tile_bound::min_distance is the root of the side test in the distance", "[skip]") {
+  using alibi::detail::far_tile_bound;
+  using alibi::detail::softmax_state;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (float slope : {0.7071f, 0.0625f, 1.0f / 256}) {
+    for (float qk : {0.5f, 8.0f, 40.0f}) {
+      for (alibi::index_t shift : {0, 37}) {
+        const far_tile_bound bd = far_tile_bound::make(0.125f, slope);
+        softmax_state st;
+        st.m = 3.5f, st.l = 17.0f;
+        const double d = bd.min_distance(st, qk, qk, shift);
+        INFO("slope " << slope << ", |q| = |k| = " << qk << ", shift " << shift << ": " << d);
+        REQUIRE(std::isfinite(d));
+        // Just past the root the test holds, just short of it it does not.
+        const auto past = static_cast<alibi::index_t>(std::ceil(d)) + 1;
+        const auto short_of = static_cast<alibi::index_t>(std::floor(d)) - 1;
+        CHECK(bd.negligible(st, qk, qk, past, shift));
+        CHECK_FALSE(bd.negligible(st, qk, qk, short_of, shift));
+      }
+    }
+  }
+  // No weight yet, a NaN state or norm, a non-positive slope: never.
+  const far_tile_bound bd = far_tile_bound::make(1.0f, 0.5f);
+  CHECK(std::isinf(bd.min_distance(softmax_state{}, 1.0f, 1.0f, 0)));
+  softmax_state st;
+  st.m = 0.0f, st.l = 1.0f;
+  CHECK(std::isinf(bd.min_distance(st, nan, 1.0f, 0)));
+  CHECK(std::isinf(bd.min_distance(st, 1.0f, nan, 0)));
+  CHECK(std::isinf(far_tile_bound::make(1.0f, 0.0f).min_distance(st, 1.0f, 1.0f, 0)));
+  st.l = nan;
+  CHECK(std::isinf(bd.min_distance(st, 1.0f, 1.0f, 0)));
+}

@@ -65,6 +65,21 @@ struct far_tile_bound {
     if (!(l > 0.0) || !(m > -1e300 && m < 1e300)) return false;
     return log_bound(qnorm, kmax, dn - shift) - m <= skip_log_epsilon + ::log(l);  // NaN: false
   }
+
+  /// The distance from which negligible() holds with these arguments: the root of its
+  /// inequality in dn, shift + (|scale| qnorm kmax + log_geo - m - log(eps l)) / slope;
+  /// +inf where it never holds (no weight yet, a NaN). A kernel that asks the side tests
+  /// rarely uses it to choose where to ask (the tile boundary this distance reaches); the
+  /// test itself still decides, since the root is rounded.
+  ALIBI_HOST_DEVICE double min_distance(const softmax_state& st, float qnorm, float kmax,
+                                        index_t shift) const {
+    const double l = st.l, m = static_cast<double>(st.m) * 0.69314718055994531;
+    const double inf = HUGE_VAL;
+    if (!(l > 0.0) || !(m > -1e300 && m < 1e300) || !(slope > 0.0)) return inf;
+    const double d = static_cast<double>(shift) +
+                     (abs_scale * qnorm * kmax + log_geo - m - skip_log_epsilon - ::log(l)) / slope;
+    return d == d ? d : inf;  // NaN norms: never
+  }
 };
 
 /// One row as the side tests see it: t0 = q_pos - (position of key index 0), its allowed

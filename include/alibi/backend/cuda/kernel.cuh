@@ -108,11 +108,13 @@ struct kernel_traits {
   static constexpr int p_ld = block_n + 4;  // fp32 P rows (FMA path only), padded likewise
   // Q, two K and two V tiles (the next tile loads while this one is used), the key-mask
   // flags of both, the fp32 P tile of the FMA path, and with skipping each row's
-  // far_row_info and side-test mark.
+  // far_row_info, its two proposed cuts and the block's (search_cuts).
   static constexpr std::size_t p_bytes = tensor_cores ? 0 : sizeof(float) * block_m * p_ld;
+  static constexpr std::size_t skip_bytes =
+      Skip ? (sizeof(float4) + 2 * sizeof(long long)) * block_m + 4 * sizeof(long long) : 0;
   static constexpr std::size_t smem_bytes =
       sizeof(T) * static_cast<std::size_t>((block_m + 4 * block_n) * ld) +
-      sizeof(float) * 2 * block_n + p_bytes + (Skip ? (sizeof(float4) + sizeof(int)) * block_m : 0);
+      sizeof(float) * 2 * block_n + p_bytes + skip_bytes;
 };
 
 /// A warp's register tiles: the S accumulators (acc_s[mi][n][e] is row 16 mi +
@@ -695,15 +697,25 @@ __device__ __forceinline__ void finish_rows(const fwd_args<typename Tr::element>
   }
 }
 
+/// Far-tile skipping's shared memory: per packed row of the block its far_row_info and the
+/// cuts its test proposes (search_cuts), and the block's cuts (two pairs, used alternately).
+struct skip_smem {
+  float4* info;          // (block_m)
+  long long* row_lo;     // (block_m)
+  long long* row_hi;     // (block_m)
+  long long* block_cut;  // (2, 2): lo, hi
+};
+
+inline constexpr long long no_cut_lo = -(1LL << 62), no_cut_hi = 1LL << 62;
+
 /// Far-tile skipping: each packed row's query-norm bound, slope and log-geometric term
 /// (far_tile_bound::log_geo rounded up to float, NaN where the slope is not a finite positive
 /// number: such rows never skip), from the staged Q rows into s_info (block_m rows; .w
-/// unused), and clears the rows' side-test marks. Block-wide; the caller's next barrier
-/// makes it visible.
+/// unused), and the cut slots' initial values. Block-wide; the caller's next barrier makes
+/// it visible.
 template <class Tr>
 __device__ void far_row_info(const fwd_args<typename Tr::element>& a, index_t b, index_t kvh,
-                             index_t row0, const typename Tr::element* s_q, float4* s_info,
-                             int* s_mark) {
+                             index_t row0, const typename Tr::element* s_q, const skip_smem& sk) {
   using T = typename Tr::element;
   const attention_problem& p = a.p;
   const index_t group = p.group_size(), packed_rows = p.q_len * group, lq = p.len_q(b);
@@ -711,10 +723,17 @@ __device__ void far_row_info(const fwd_args<typename Tr::element>& a, index_t b,
     const index_t r = row0 + lr;
     float4 info = make_float4(0.0f, 0.0f, detail::nan_f(), 0.0f);
     if (r < packed_rows && r / group < lq) {
+      // 16-byte reads: with the padded row stride, the rows of 8 threads fall in different
+      // bank groups. The order of the squares does not matter to key_norm_bound.
       float sq = 0.0f;
-      for (int d = 0; d < Tr::head_dim; ++d) {
-        const float x = elem<T>::to_float(s_q[lr * Tr::ld + d]);
-        sq = fmaf(x, x, sq);
+      for (int c = 0; c < Tr::head_dim; c += Tr::vec) {
+        const int4 raw = *reinterpret_cast<const int4*>(s_q + lr * Tr::ld + c);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int u = 0; u < Tr::vec; ++u) {
+          const float x = elem<T>::to_float(e[u]);
+          sq = fmaf(x, x, sq);
+        }
       }
       const float slope = p.slope(b, kvh * group + r % group);
       info.x = detail::key_norm_bound(sq, Tr::head_dim);
@@ -722,8 +741,13 @@ __device__ void far_row_info(const fwd_args<typename Tr::element>& a, index_t b,
       if (slope > 0.0f && isfinite(slope))
         info.z = __double2float_ru(detail::far_tile_bound::make(p.scale, slope).log_geo);
     }
-    s_info[lr] = info;
-    s_mark[lr] = 0;
+    sk.info[lr] = info;
+    sk.row_lo[lr] = no_cut_lo;
+    sk.row_hi[lr] = no_cut_hi;
+  }
+  if (threadIdx.x < 2) {
+    sk.block_cut[2 * threadIdx.x] = no_cut_hi;
+    sk.block_cut[2 * threadIdx.x + 1] = no_cut_lo;
   }
 }
 
@@ -755,33 +779,43 @@ __device__ __forceinline__ void tile_states(const score_acc<Tr>& acc_s, row_stat
   }
 }
 
-/// Far-tile skipping's side test for the whole block (block-wide: every thread calls it):
-/// whether every row of the block finds its keys left of key index x (Left) or from x on
-/// (!Left) negligible, by detail::left_negligible / right_negligible, the one test of every
-/// backend. A row's state here is its quad's in `st` (the sum of the four threads' partial
-/// sums: the warp's columns of the tiles computed so far, or of the anchor tile); it is a
-/// lower bound on the row's final normalizer, so a row is negligible when any warp holding
-/// it proves it (the decoding instance's key warps hold disjoint columns of the same rows).
-/// Each thread of a quad tests one row at a time (the test is 64-bit integer and double
-/// arithmetic): thread tq tests its row slots tq, tq + 4, ... and marks a proven row in s_mark
-/// with this test's number `test` (> 0, new for each test of the block).
-template <class Tr, bool Left>
-__device__ bool block_negligible(const fwd_args<typename Tr::element>& a, const warp_row_map& rows,
+/// The tiles a skipping block still computes: [lo, hi) of its chunk's tiles; the others are
+/// proven negligible for every row.
+struct tile_cuts {
+  std::int32_t lo = 0, hi = 0;  // tile indices (k_len < 2^28): 32-bit, registers are scarce
+};
+
+/// Far-tile skipping's cut search for the whole block (block-wide: every thread calls it).
+/// The walk has computed (or staged) the tiles [tl, tr] (tr = tl - 1: none yet); `cut` are the
+/// cuts so far. Returns them moved inwards as far as the shared side tests
+/// (detail::left_negligible / right_negligible, the one test of every backend) prove for
+/// every row of the block, with the rows' states `st` (each row's quad sum of its threads'
+/// partial sums: the warp's columns of the tiles computed so far, or of the anchor tile, a
+/// lower bound on the row's final normalizer). For each row, far_tile_bound::min_distance
+/// proposes the tile boundary nearest the walk where its test can hold, and the test decides
+/// there (or at the next boundary out); a row's proof by any warp that holds it counts (the
+/// decoding instance's key warps hold disjoint columns of the same rows). Each thread of a
+/// quad handles one row slot at a time (64-bit integer and double arithmetic): slots tq,
+/// tq + 4, ... Asked at a few points of the walk rather than before every tile: between
+/// them the walk runs like the dense loop, without tests or extra barriers.
+template <class Tr>
+__device__ tile_cuts search_cuts(const fwd_args<typename Tr::element>& a, const warp_row_map& rows,
                                  index_t b, index_t row0, const row_frames<Tr>& fr,
-                                 const row_states<Tr>& st, const float4* s_info, int* s_mark,
-                                 index_t x, int test) {
-  constexpr int R = Tr::rows_per_thread;
+                                 const row_states<Tr>& st, const skip_smem& sk, int parity,
+                                 tile_cuts cut, std::int32_t tl, std::int32_t tr) {
+  constexpr int R = Tr::rows_per_thread, BN = Tr::block_n;
   const attention_problem& p = a.p;
   const int lane = threadIdx.x % 32;
-  const index_t nb = (b * p.kv_heads + rows.kv_head) * a.norm_grid;
-  const float kmax =
-      Left ? a.norm_prefix[nb + (x - 1) / key_norm_block] : a.norm_suffix[nb + x / key_norm_block];
-  // Rounds of four row slots: in each, thread tq of a quad tests slot base + tq (one round
-  // with the default tunings, whose threads hold 2 or 4 rows).
+  const float* prefix = a.norm_prefix + (b * p.kv_heads + rows.kv_head) * a.norm_grid;
+  const float* suffix = a.norm_suffix + (b * p.kv_heads + rows.kv_head) * a.norm_grid;
+  // The largest key-norm bound of the keys left of x (x >= 1) / from x on (x < k_len).
+  auto kmax_left = [&](index_t x) { return prefix[(x - 1) / key_norm_block]; };
+  auto kmax_right = [&](index_t x) { return suffix[x / key_norm_block]; };
+  const bool search_lo = cut.lo < tl, search_hi = tr + 1 < cut.hi;
 #pragma unroll
   for (int base = 0; base < R; base += 4) {
     const int mine = base + lane % 4;
-    bool has_keys = false;  // whether row slot `mine` is a row with keys (else: nothing to test)
+    bool has_keys = false;  // whether row slot `mine` is a row with keys
     softmax_state own;
 #pragma unroll
     for (int s = base; s < R && s < base + 4; ++s) {
@@ -793,9 +827,14 @@ __device__ bool block_negligible(const fwd_args<typename Tr::element>& a, const 
         own.l = l;
       }
     }
+    if (mine >= R) continue;
+    const index_t r = rows.row(mine, lane / 4);
+    // A row without keys (padding among them) has nothing left to compute on either side.
+    index_t lo = tl, hi = tr + 1;
     if (has_keys) {
-      const index_t r = rows.row(mine, lane / 4), i = rows.query(r);
-      const float4 info = s_info[r - row0];
+      lo = cut.lo, hi = cut.hi;
+      const index_t i = rows.query(r);
+      const float4 info = sk.info[r - row0];
       const index_range kr = p.key_range(b, i);
       detail::far_tile_bound bd;
       bd.abs_scale = ::fabs(static_cast<double>(p.scale));
@@ -803,18 +842,72 @@ __device__ bool block_negligible(const fwd_args<typename Tr::element>& a, const 
       bd.log_geo = info.z;
       const detail::far_row row{
           p.q_offset(b) + i - p.k_offset(b), kr.begin, kr.end, p.distance_shift(b, i), info.x, own};
-      const bool ok = Left ? detail::left_negligible(bd, row, kmax, x)
-                           : detail::right_negligible(bd, row, kmax, x);
-      if (ok) atomicMax(&s_mark[r - row0], test);  // an atomic: several threads may prove it
+      if (search_lo) {
+        // Keys left of x = u BN are at distance t0 - (x - 1) or more.
+        const double d = bd.min_distance(own, row.qnorm, kmax_left(tl * BN), row.shift);
+        const double x = static_cast<double>(row.t0 + 1) - d;
+        if (x >= static_cast<double>(cut.lo * BN)) {
+          index_t u = x >= static_cast<double>(tl * BN) ? tl : static_cast<index_t>(x) / BN;
+          for (int k = 0; k < 2 && u > cut.lo; ++k, --u)
+            if (detail::left_negligible(bd, row, kmax_left(u * BN), u * BN)) {
+              lo = u;
+              break;
+            }
+        }
+      }
+      if (search_hi) {
+        // Keys from x = v BN on are at distance x - t0 or more.
+        const double d = bd.min_distance(own, row.qnorm, kmax_right((tr + 1) * BN), row.shift);
+        const double x = static_cast<double>(row.t0) + d;
+        if (x < static_cast<double>(cut.hi * BN)) {
+          const index_t first = tr + 1;
+          index_t v = x <= static_cast<double>(first * BN)
+                          ? first
+                          : (static_cast<index_t>(x) + BN - 1) / BN;
+          for (int k = 0; k < 2 && v < cut.hi; ++k, ++v)
+            if (detail::right_negligible(bd, row, kmax_right(v * BN), v * BN)) {
+              hi = v;
+              break;
+            }
+        }
+      }
     }
+    // The best proof among the warps that hold the row.
+    atomicMax(&sk.row_lo[r - row0], static_cast<long long>(lo));
+    atomicMin(&sk.row_hi[r - row0], static_cast<long long>(hi));
   }
   __syncthreads();
-  // Rows without keys (padding among them) have nothing left to skip.
-  bool all = true;
+  // The block's cuts: the one every row allows (each row slot read and reset by one thread).
+  long long lo = no_cut_hi, hi = no_cut_lo;
+  for (int lr = threadIdx.x; lr < Tr::block_m; lr += Tr::threads) {
+    lo = lo < sk.row_lo[lr] ? lo : sk.row_lo[lr];
+    hi = hi > sk.row_hi[lr] ? hi : sk.row_hi[lr];
+    sk.row_lo[lr] = no_cut_lo;
+    sk.row_hi[lr] = no_cut_hi;
+  }
 #pragma unroll
-  for (int s = 0; s < R; ++s)
-    if (fr[s].end > fr[s].begin) all = all && s_mark[rows.row(s, lane / 4) - row0] == test;
-  return __syncthreads_and(all) != 0;
+  for (int off = 16; off >= 1; off /= 2) {
+    const long long ol = __shfl_xor_sync(0xffffffffu, lo, off);
+    const long long oh = __shfl_xor_sync(0xffffffffu, hi, off);
+    lo = lo < ol ? lo : ol;
+    hi = hi > oh ? hi : oh;
+  }
+  long long* const slot = sk.block_cut + 2 * parity;
+  if (lane == 0) {
+    atomicMin(slot, lo);
+    atomicMax(slot + 1, hi);
+  }
+  __syncthreads();
+  tile_cuts out = cut;
+  out.lo = slot[0] > cut.lo ? static_cast<std::int32_t>(slot[0]) : cut.lo;
+  out.hi = slot[1] < cut.hi ? static_cast<std::int32_t>(slot[1]) : cut.hi;
+  // The other pair was last read in the previous search, which every thread has left; the
+  // next search reaches it after at least one more barrier.
+  if (threadIdx.x == 0) {
+    sk.block_cut[2 * (parity ^ 1)] = no_cut_hi;
+    sk.block_cut[2 * (parity ^ 1) + 1] = no_cut_lo;
+  }
+  return out;
 }
 
 template <class Tr>
@@ -973,39 +1066,48 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
       __syncthreads();  // every warp is done with buffer t % 2 before it is refilled
     }
   } else {
-    // Far-tile skipping (Skip instances): the tiles are visited nearest-first (the tile of the
-    // key nearest the block's middle row, then leftwards, then rightwards), and before each
-    // tile is chosen the block asks whether the rest of that side is negligible for all its
-    // rows. Far chunks of split-KV first compute the scores of the tile nearest the rows
-    // (the anchor): their own state is empty when their first tile is chosen, and the anchor
-    // may show the whole chunk negligible, which then is never read (the later tests use the
-    // chunk's own state: fewer registers live through the loop).
-    float4* const s_info =
-        reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(s_p) + Tr::p_bytes);  // (BM)
-    int* const s_mark = reinterpret_cast<int*>(s_info + BM);                             // (BM)
+    // Far-tile skipping (Skip instances): the tiles are visited nearest-first from the tile of
+    // the block's nearest key, and at a few points (after 1, 2, 4, 8, ... computed tiles) the
+    // block searches how far each side must go (search_cuts); between the searches the walk
+    // runs like the dense loop. Far chunks of split-KV first compute the scores of the tile
+    // nearest the rows (the anchor): their own state is empty when they start, and the
+    // anchor may show the whole chunk, or its far part, negligible; what is, is never read.
+    unsigned char* const skip_base = reinterpret_cast<unsigned char*>(s_p) + Tr::p_bytes;
+    const skip_smem sk{reinterpret_cast<float4*>(skip_base),
+                       reinterpret_cast<long long*>(skip_base + sizeof(float4) * BM),
+                       reinterpret_cast<long long*>(skip_base + sizeof(float4) * BM) + BM,
+                       reinterpret_cast<long long*>(skip_base + sizeof(float4) * BM) + 2 * BM};
     bool info_ready = false;
-    int tests = 0;  // side tests so far (each marks its rows with its own number)
-    index_t center = tile_end - 1;
-    // All the keys of the block's rows, [all_lo, all_hi) (not only this chunk's), and t0_mid:
-    // the middle row's query position relative to key 0 (where its nearest key is).
-    index_t all_lo = 0, all_hi = 0, t0_mid = 0;
+    int searches = 0;
+    tile_cuts cut{static_cast<std::int32_t>(tile_first), static_cast<std::int32_t>(tile_end)};
+    // The block's nearest key: for the middle row's query position t0_mid (relative to key
+    // 0), the nearest key that every row of the block may see (so that the first tile gives
+    // every row some weight: under a causal mask, the first row's own position), else the
+    // nearest key of any row.
+    index_t near_all = 0;
+    std::int32_t t0_mid = 0;
     {
       const index_t i_first = row0 / group;
       const index_t last_row = (row0 + BM < packed_rows ? row0 + BM : packed_rows) - 1;
       const index_t i_last = (last_row / group < lq ? last_row / group : lq - 1);
       if (i_first <= i_last) {
-        all_lo = p.key_range(b, i_first).begin;
-        all_hi = p.key_range(b, i_last).end;
-        all_hi = all_hi < lk ? all_hi : lk;
-        t0_mid = p.q_offset(b) + (i_first + i_last) / 2 - p.k_offset(b);
+        const index_range r0 = p.key_range(b, i_first), r1 = p.key_range(b, i_last);
+        const index_t all_lo = r0.begin, all_hi = r1.end < lk ? r1.end : lk;
+        index_t lo = r1.begin > all_lo ? r1.begin : all_lo, hi = r0.end < all_hi ? r0.end : all_hi;
+        if (lo >= hi) lo = all_lo, hi = all_hi;
+        const index_t mid = p.q_offset(b) + (i_first + i_last) / 2 - p.k_offset(b);
+        near_all = mid < lo ? lo : mid >= hi ? hi - 1 : mid;
+        // Only the order of the tiles depends on it: clamped to 32 bits (keys below 2^28).
+        t0_mid = static_cast<std::int32_t>(
+            detail::clamp_index(mid, -(index_t(1) << 30), index_t(1) << 30));
       }
     }
-    auto nearest = [&](index_t lo, index_t hi) {
-      return t0_mid < lo ? lo : t0_mid >= hi ? hi - 1 : t0_mid;
-    };
+    std::int32_t center = static_cast<std::int32_t>(tile_end - 1);
     if (tile_end > tile_first) {
-      center = nearest(key_lo, key_hi) / BN;
-      const index_t near_all = nearest(all_lo, all_hi);
+      center = static_cast<std::int32_t>((near_all < key_lo    ? key_lo
+                                          : near_all >= key_hi ? key_hi - 1
+                                                               : near_all) /
+                                         BN);
       if (near_all < key_lo || near_all >= key_hi) {
         const index_t ta = near_all / BN;
         row_states<Tr> anchor;
@@ -1014,7 +1116,7 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        far_row_info<Tr>(a, b, kvh, row0, s_q, s_info, s_mark);
+        far_row_info<Tr>(a, b, kvh, row0, s_q, sk);
         if (warp_active) {
           if constexpr (Tr::q_in_regs) load_q_fragments<Tr>(q_frag, s_qw, lane);
           score_acc<Tr> acc_s;
@@ -1022,56 +1124,47 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
           bias_and_masks<Tr>(acc_s, fr, static_cast<std::int32_t>(ta * BN), koff + 2 * tq, scale_l2,
                              neg_slope_l2, has_key_mask, s_flags0);
           tile_states<Tr>(acc_s, anchor);
+        } else {
+#pragma unroll
+          for (int s = 0; s < R; ++s) anchor[s] = softmax_state{};
         }
         __syncthreads();  // s_info is complete, and buffer 0 is free again
         info_ready = true;
-        // The chunk lies on one side of the rows' nearest key: left of it, or right. Each
-        // side test bounds the whole tail of that side beyond its point (every key at that
-        // distance or more), not only this chunk's keys, so the weight all the chunks and
-        // tiles skipped on one side is at most the tail of the nearest point skipped there:
-        // the bounds nest rather than add up.
-        const bool negligible = near_all >= key_hi
-                                    ? block_negligible<Tr, true>(a, rows, b, row0, fr, anchor,
-                                                                 s_info, s_mark, key_hi, ++tests)
-                                    : block_negligible<Tr, false>(a, rows, b, row0, fr, anchor,
-                                                                  s_info, s_mark, key_lo, ++tests);
-        if (negligible) {
-          skipped = tile_end - tile_first;
-          tile_end = tile_first;
-        }
+        // The chunk lies on one side of the rows' nearest key: nothing of it computed yet, the
+        // walk would start at its near end. Each side test bounds the whole tail of that side
+        // beyond its point (every key at that distance or more), not only this chunk's keys,
+        // so the weight all the chunks and tiles skipped on one side is at most the tail of
+        // the nearest point skipped there: the bounds nest rather than add up.
+        const std::int32_t tl = near_all >= key_hi ? cut.hi : cut.lo;
+        cut = search_cuts<Tr>(a, rows, b, row0, fr, anchor, sk, searches++ & 1, cut, tl, tl - 1);
+        center = near_all >= key_hi ? cut.hi - 1 : cut.lo;
       }
     }
-
-    index_t t = tile_end > tile_first ? center : -1, next = -1;
-    bool left_side = true;  // still walking leftwards from the center
+    // Distance from t0_mid to the keys of tile u: the walk's order.
+    auto gap = [&](std::int32_t u) {
+      const std::int32_t first = u * BN, last = first + BN - 1;
+      return first > t0_mid ? first - t0_mid : last < t0_mid ? t0_mid - last : 0;
+    };
+    std::int32_t t = cut.lo < cut.hi ? center : -1;
+    std::int32_t tl = t, tr = t;  // the walk's extent: tiles computed or staged
     if (t >= 0) {
       if (!info_ready) stage_rows<Tr>(s_q, BM, a.aligned, q_row);  // else the anchor staged Q
       stage_tile(t, 0, true);
       cp_async_commit();
     }
-    for (int buf = 0; t >= 0; t = next, buf ^= 1) {
-      // The next tile, staged into the other buffer (free: every warp passed the barrier at
-      // the end of the previous iteration) while this one is used. The side tests see the
-      // rows' states before this tile (a valid, slightly weaker bound).
-      next = -1;
-      if (left_side && t > tile_first) {
-        if (info_ready &&
-            block_negligible<Tr, true>(a, rows, b, row0, fr, st, s_info, s_mark, t * BN, ++tests))
-          skipped += t - tile_first;
-        else
-          next = t - 1;
-      }
-      if (next < 0) {
-        const index_t c = left_side ? center + 1 : t + 1;
-        left_side = false;
-        if (c < tile_end) {
-          if (info_ready && block_negligible<Tr, false>(a, rows, b, row0, fr, st, s_info, s_mark,
-                                                        c * BN, ++tests))
-            skipped += tile_end - c;
-          else
-            next = c;
-        }
-      }
+    for (int buf = 0; t >= 0; buf ^= 1) {
+      // A search once 1, 2, 4, ... tiles are done (with the rows' states after them), at the
+      // top of an iteration: every warp has passed the previous iteration's last barrier.
+      if (info_ready && computed > 0 && (computed & (computed - 1)) == 0)
+        cut = search_cuts<Tr>(a, rows, b, row0, fr, st, sk, searches++ & 1, cut, tl, tr);
+      // The next tile, the nearer of the two sides' next ones, staged into the other buffer
+      // (free: every warp passed the barrier at the end of the previous iteration).
+      const bool can_left = tl - 1 >= cut.lo, can_right = tr + 1 < cut.hi;
+      std::int32_t next = -1;
+      if (can_left && (!can_right || gap(tl - 1) <= gap(tr + 1)))
+        next = tl = tl - 1;
+      else if (can_right)
+        next = tr = tr + 1;
       if (next >= 0) {
         stage_tile(next, buf ^ 1, true);
         cp_async_commit();
@@ -1081,20 +1174,20 @@ __global__ void __launch_bounds__(Tr::threads, Tr::min_blocks)
       }
       __syncthreads();  // tile t (and Q) have landed for every thread
       if (!info_ready) {
-        far_row_info<Tr>(a, b, kvh, row0, s_q, s_info, s_mark);  // visible after this iteration
+        far_row_info<Tr>(a, b, kvh, row0, s_q, sk);  // visible after this iteration
         info_ready = true;
       }
       ++computed;
-      if (!warp_active) {
-        __syncthreads();
-        continue;
+      if (warp_active) {
+        if constexpr (Tr::q_in_regs) {
+          if (computed == 1) load_q_fragments<Tr>(q_frag, s_qw, lane);
+        }
+        compute_tile(t, buf);
       }
-      if constexpr (Tr::q_in_regs) {
-        if (computed == 1) load_q_fragments<Tr>(q_frag, s_qw, lane);
-      }
-      compute_tile(t, buf);
       __syncthreads();  // every warp is done with buffer buf before it is refilled
+      t = next;
     }
+    skipped = (tile_end - tile_first) - computed;
   }
   // params.stats: the anchor tile (scores only) is not counted, so that computed + skipped
   // is the dense count.
