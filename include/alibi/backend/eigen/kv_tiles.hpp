@@ -112,7 +112,7 @@ class paced_prefetch {
     streams_[values_phase].plan(reinterpret_cast<const char*>(v.data), v.ld * size, dv * size, n);
   }
 
-  /// Nothing to request for the next tile (there is none, or the hardware prefetcher keeps up).
+  /// Nothing to request: there is no next tile.
   void plan_nothing() {
     for (request_stream& s : streams_) s.plan_nothing();
   }
@@ -178,7 +178,7 @@ class paced_prefetch {
         // L1, but each arrives there instead of one level further: measured against
         // prefetcht1 with both versions alternating call by call (k_len 32768, 16 calls
         // each, medians, 1 and 2 threads), half-precision MHA decode 1.05-1.10x faster, GQA-8
-        // 0.995-1.025x (fp32 MHA requests nothing: the hardware prefetcher keeps up there).
+        // 0.995-1.025x.
         __builtin_prefetch(p + 64 * l, 0, 3);
         // GCC may delete a loop that only prefetches (to it a prefetch has no effect); an
         // empty volatile asm statement keeps every request.
