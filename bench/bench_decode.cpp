@@ -55,10 +55,13 @@
 #include <alibi/backend/eigen/workspace.hpp>
 
 #include "common.hpp"
+#include "decode_views.hpp"
 
 namespace {
 
+using alibi_bench::decode_views;
 using alibi_bench::index_t;
+using alibi_bench::make_decode_views;
 
 /// Storage on 64-byte boundaries, as an engine's allocator (and alibi's kv_cache) gives: a
 /// K/V row that starts 16 bytes past a line makes every packet load span two cache lines.
@@ -253,21 +256,19 @@ void steps_against_ceiling(benchmark::State& state, int threads, double bytes, S
   state.counters["of_ceiling"] = rate / ceiling;
 }
 
-/// One decode step: q (32, 128) and out (32, 128) of one sequence, K as rows (kview) or in
-/// blocks (kblocks, when `blocked`).
+/// One decode step: q (32, 128) and out (32, 128) of one sequence, K as rows or in blocks
+/// (when `blocked`).
 template <class T>
 void decode_call(const alibi::backend::eigen& be, const aligned_vector<float>& q,
-                 const alibi::tensor_view<const T, 4>& kview,
-                 const alibi::tensor_view<const T, 5>& kblocks, bool blocked,
-                 const alibi::tensor_view<const T, 4>& vview, aligned_vector<float>& out,
+                 const decode_views<T>& kv, bool blocked, aligned_vector<float>& out,
                  const alibi::attention_params& p) {
   const index_t hq = 32, d = 128;
   const auto qv = alibi::make_view<const float>(q.data(), 1, hq, 1, d);
   const auto ov = alibi::make_view(out.data(), 1, hq, 1, d);
   if (blocked)
-    alibi::attention(be, qv, kblocks, vview, ov, p);
+    alibi::attention(be, qv, kv.kb, kv.v, ov, p);
   else
-    alibi::attention(be, qv, kview, vview, ov, p);
+    alibi::attention(be, qv, kv.k, kv.v, ov, p);
   benchmark::DoNotOptimize(out.data());
 }
 
@@ -278,24 +279,22 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int thre
             bool blocked = false) {
   const index_t hq = 32, d = 128;
   kv_store<T>& kv = kv_store<T>::get(hkv, lk);
-  const auto kblocks = alibi::make_key_blocks<const T>(blocked ? kv.blocks().data() : nullptr, 1,
-                                                       hkv, blocked ? lk : 0, d);
+  const decode_views<T> views = make_decode_views<T>(
+      kv.k.data(), blocked ? kv.blocks().data() : nullptr, kv.v.data(), hkv, lk, d, true);
   const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
   aligned_vector<float> out(q.size());
   alibi::attention_params p;
   p.mask.causal = true;
   p.skip_far_tiles = skip != 0;
   const alibi::backend::eigen be{threads};
-  const auto kview = alibi::make_view<const T>(kv.k.data(), 1, hkv, lk, d);
-  const auto vview = alibi::make_view<const T>(kv.v.data(), 1, hkv, lk, d);
   const index_t blocks = (lk + alibi::key_norm_block - 1) / alibi::key_norm_block;
   std::vector<float> bounds(static_cast<std::size_t>(hkv * blocks));
   if (skip == 2) {
-    alibi::key_norm_bounds(kview, alibi::make_view(bounds.data(), 1, hkv, blocks));
+    alibi::key_norm_bounds(views.k, alibi::make_view(bounds.data(), 1, hkv, blocks));
     p.key_norm_bounds = alibi::make_view<const float>(bounds.data(), 1, hkv, blocks);
   }
   steps_against_ceiling(state, threads, 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T),
-                        [&] { decode_call(be, q, kview, kblocks, blocked, vview, out, p); });
+                        [&] { decode_call(be, q, views, blocked, out, p); });
 }
 
 // Args: k_len, kv heads, K/V type (0 fp32, 1 fp16, 2 bf16), skip (0 off, 1 on, 2 on with
@@ -332,15 +331,10 @@ void decode_arith(benchmark::State& state, index_t lk, index_t hkv, int threads,
   p.mask.causal = true;
   p.skip_far_tiles = false;
   const alibi::backend::eigen be{threads};
-  const index_t strides[4] = {hkv * d, d, 0, 1};  // (B, Hkv, Lk, D): one row per KV head
-  const auto kview = alibi::make_strided_view<const T, 4>(k.data(), {1, hkv, lk, d}, strides);
-  const auto vview = alibi::make_strided_view<const T, 4>(v.data(), {1, hkv, lk, d}, strides);
-  // K in blocks: every block of a KV head is one block (block stride 0).
   const aligned_vector<T> kb = filled_as<T>(static_cast<std::size_t>(hkv * d * 16), 1);
-  const auto kblocks = alibi::make_strided_view<const T, 5>(
-      kb.data(), {1, hkv, alibi::key_block_count(lk), d, 16}, {hkv * d * 16, d * 16, 0, 16, 1});
-  alibi_bench::timed_steps(state,
-                           [&] { decode_call(be, q, kview, kblocks, blocked, vview, out, p); });
+  const decode_views<T> views =
+      make_decode_views<T>(k.data(), kb.data(), v.data(), hkv, lk, d, false);
+  alibi_bench::timed_steps(state, [&] { decode_call(be, q, views, blocked, out, p); });
   const double bytes = 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T);
   state.counters["bound_GB/s"] =
       benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
@@ -462,7 +456,7 @@ void small_products(benchmark::State& state, index_t m, int product) {
   std::fill(rb.s.begin(), rb.s.end(), 1.0f / static_cast<float>(bk));  // P V's probabilities
   const float* const* in = scores ? rb.qr.data() : rb.pr.data();
   float* const* out = scores ? rb.sr.data() : rb.orow.data();
-  auto none = [](index_t) {};
+  auto none = [] {};
   for (auto _ : state) {
     if (product == 2)  // the same bytes, read as blocks
       cpu::small_block_scores(in, m, k.data(), d * alibi::keys_per_block, 0, bk, d, out, none);
@@ -499,8 +493,8 @@ void products_on_tile(tile_rows_buffers& rb, index_t m, index_t d, index_t bk,
     ahead.plan(next_k, d, next_v, d, bk);
   else
     ahead.plan_nothing();
-  auto tick_k = [&](index_t) { ahead.tick<cpu::paced_prefetch::keys_phase>(); };
-  auto tick_v = [&](index_t) { ahead.tick<cpu::paced_prefetch::values_phase>(); };
+  auto tick_k = [&]() { ahead.tick<cpu::paced_prefetch::keys_phase>(); };
+  auto tick_v = [&]() { ahead.tick<cpu::paced_prefetch::values_phase>(); };
   if (k.blocked)
     cpu::small_block_scores(rb.qr.data(), m, k.data, k.ld, k.offset, bk, d, rb.sr.data(), tick_k);
   else

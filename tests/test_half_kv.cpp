@@ -179,7 +179,7 @@ TEMPLATE_TEST_CASE("small-row products: a row's results do not depend on the row
       v[e] = static_cast<TestType>(nd(gen));
     }
     const std::vector<index_t> skip = {3, 20};
-    auto none = [](index_t) {};
+    auto none = [] {};
     std::vector<float> s_all(static_cast<std::size_t>(m * bk)), s_one(s_all.size());
     std::vector<float> o_all(static_cast<std::size_t>(m * d), 0.5f), o_one(o_all);
     std::vector<const float*> qr, pr;

@@ -4,7 +4,8 @@
 // ALIBI_AB_STEP names this version's function, and the script gives each version's CPU code
 // its own inline namespace so that both live in one program.
 #include <alibi/alibi.hpp>
-#include <alibi/key_blocks.hpp>
+
+#include "../decode_views.hpp"
 
 namespace {
 
@@ -13,7 +14,7 @@ using alibi::index_t;
 template <class T>
 void call(int threads, const float* q, const T* k, const T* kb, const T* v, float* out, index_t hkv,
           index_t lk, bool streamed, bool blocked) {
-  const index_t hq = 32, d = 128, nb = alibi::key_block_count(lk);
+  const index_t hq = 32, d = 128;
   alibi::attention_params p;
   p.mask.causal = true;
   p.skip_far_tiles = false;
@@ -22,21 +23,12 @@ void call(int threads, const float* q, const T* k, const T* kb, const T* v, floa
   const auto ov = alibi::make_view(out, 1, hq, 1, d);
   // Not streamed: a key stride of 0, every key reads the same L1-resident row (the
   // arithmetic alone).
-  const index_t key_stride = streamed ? d : 0;
-  const auto kview = alibi::make_strided_view<const T, 4>(
-      k, {1, hkv, lk, d}, {hkv * lk * d, streamed ? lk * d : d, key_stride, 1});
-  const auto vview = alibi::make_strided_view<const T, 4>(
-      v, {1, hkv, lk, d}, {hkv * lk * d, streamed ? lk * d : d, key_stride, 1});
-  if (blocked) {
-    const index_t block = d * alibi::keys_per_block;
-    const auto kblocks =
-        alibi::make_strided_view<const T, 5>(kb, {1, hkv, nb, d, alibi::keys_per_block},
-                                             {hkv * nb * block, streamed ? nb * block : block,
-                                              streamed ? block : 0, alibi::keys_per_block, 1});
-    alibi::attention(be, qv, kblocks, vview, ov, p);
-  } else {
-    alibi::attention(be, qv, kview, vview, ov, p);
-  }
+  const alibi_bench::decode_views<T> kv =
+      alibi_bench::make_decode_views(k, kb, v, hkv, lk, d, streamed);
+  if (blocked)
+    alibi::attention(be, qv, kv.kb, kv.v, ov, p);
+  else
+    alibi::attention(be, qv, kv.k, kv.v, ov, p);
 }
 
 }  // namespace

@@ -457,7 +457,7 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
   }
   if (!first) return;
   const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
-  auto pace = [&](index_t) { ahead.tick<paced_prefetch::keys_phase>(); };
+  auto pace = [&]() { ahead.tick<paced_prefetch::keys_phase>(); };
   if (k.blocked)
     small_block_scores(in_rows.data(), rows, k.data, k.ld, k.offset, bk, d, out_rows.data(), pace);
   else
@@ -479,7 +479,7 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
     }
   }
   small_pv(in_rows.data(), rows, v.data, v.ld, bk, dv, first->ws->bad.data(), first->ws->bad_count,
-           out_rows.data(), [&](index_t) { ahead.tick<paced_prefetch::values_phase>(); });
+           out_rows.data(), [&]() { ahead.tick<paced_prefetch::values_phase>(); });
   for (head_pass& hp : heads) {
     if (!hp.meets || hp.ws->bad_count == 0) continue;
     const float* s = hp.ws->s.data();

@@ -200,7 +200,7 @@ ALIBI_FORCEINLINE void dot_pair4(const packet (&qv)[2][NP], const float* const* 
 }
 
 /// s[t][j] = q[t] . k_j for two rows and the keys j in [jb, je) (a multiple of 4 of them),
-/// the rows' NP packets in registers; pace(4) before every four keys.
+/// the rows' NP packets in registers; pace() before every four keys.
 template <int NP, class T, class Pace>
 void scores_pair(const float* const* q, const T* k, index_t ldk, index_t jb, index_t je, index_t d,
                  float* const* s, Pace&& pace) {
@@ -209,7 +209,7 @@ void scores_pair(const float* const* q, const T* k, index_t ldk, index_t jb, ind
   for (int t = 0; t < 2; ++t)
     for (int c = 0; c < NP; ++c) qv[t][c] = ei::ploadu<packet>(q[t] + c * lanes);
   for (index_t j = jb; j < je; j += 4) {
-    pace(4);
+    pace();
     dot_pair4<NP>(qv, q, k + j * ldk, ldk, d, s, j);
   }
 }
@@ -230,7 +230,7 @@ index_t scores_pairs(const float* const* q, index_t m, const T* k, index_t ldk, 
   }
   // The last keys (fewer than 4) through the general blocks, one row at a time.
   for (index_t j = whole; j < bk; ++j) {
-    pace(1);
+    pace();
     const T* kr[1] = {k + j * ldk};
     for (index_t t = 0; t < 2 * pairs; ++t) dot_block<1, 1>(q + t, kr, d, s + t, j);
   }
@@ -243,7 +243,7 @@ index_t scores_pairs(const float* const* q, index_t m, const T* k, index_t ldk, 
 /// keys and leaves each (row, key) accumulator in a small spill buffer for the next phase.
 /// The same arithmetic in the same order as dot_block and dot_pair4 (packets in ascending
 /// order into one accumulator per pair, eight_sums, then the scalar tail), so the results
-/// are bitwise theirs. pace(2) before every two keys of each phase.
+/// are bitwise theirs. pace() before every two keys of each phase.
 template <int NP, class T, class Pace>
 void scores_quad(const float* const* q, const T* k, index_t ldk, index_t jb, index_t je, index_t d,
                  float* const* s, Pace&& pace) {
@@ -260,7 +260,7 @@ void scores_quad(const float* const* q, const T* k, index_t ldk, index_t jb, ind
       for (int t = 0; t < 4; ++t)
         for (int c = 0; c < 4; ++c) qv[t][c] = ei::ploadu<packet>(q[t] + (4 * ph + c) * lanes);
       for (index_t j = j0; j < j1; j += 2) {
-        pace(2);
+        pace();
         packet* const sp = spill[(j - j0) / 2];
         packet acc[8];
         for (int i = 0; i < 8; ++i) acc[i] = ph == 0 ? ei::pset1<packet>(0.0f) : sp[i];
@@ -289,7 +289,7 @@ index_t scores_quads(const float* const* q, index_t m, const T* k, index_t ldk, 
   for (index_t g = 0; g < quads; ++g) {
     scores_quad<NP>(q + 4 * g, k, ldk, 0, whole, d, s + 4 * g, pace);
     for (index_t j = whole; j < bk; ++j) {
-      pace(1);
+      pace();
       const T* kr[1] = {k + j * ldk};
       for (index_t t = 4 * g; t < 4 * g + 4; ++t) dot_block<1, 1>(q + t, kr, d, s + t, j);
     }
@@ -301,28 +301,28 @@ index_t scores_quads(const float* const* q, index_t m, const T* k, index_t ldk, 
 #endif
 
 /// s[t][j] = q[t] . k_j for R rows and the keys j < bk (row j at k + j * ldk), J keys at a
-/// time; pace(J) before every J keys.
+/// time; pace() before every J keys.
 template <int R, int J, class T, class Pace>
 void scores_rows(const float* const* q, const T* k, index_t ldk, index_t bk, index_t d,
                  float* const* s, Pace&& pace) {
   index_t j = 0;
   for (; j + J <= bk; j += J) {
-    pace(J);
+    pace();
     const T* kr[J];
     for (int u = 0; u < J; ++u) kr[u] = k + (j + u) * ldk;
     dot_block<R, J>(q, kr, d, s, j);
   }
   for (; j < bk; ++j) {
-    pace(1);
+    pace();
     const T* kr[1] = {k + j * ldk};
     dot_block<R, 1>(q, kr, d, s, j);
   }
 }
 
 /// s[t][j] = q[t] . k_j for the rows t < m (q[t]: d floats) and the keys j < bk of a key
-/// tile (row j at k + j * ldk, stored as T). pace(n) is called before each step of the
-/// products over n keys of a block of rows (one key: 8 to 32 packet FMAs at D = 128): the
-/// caller requests memory at that pace meanwhile (paced_prefetch).
+/// tile (row j at k + j * ldk, stored as T). pace() is called before each step of the
+/// products over a few keys of a block of rows (one key: 8 to 32 packet FMAs at D = 128):
+/// the caller requests memory at that pace meanwhile (paced_prefetch).
 template <class T, class Pace>
 void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, index_t bk, index_t d,
                   float* const* s, Pace&& pace) {
@@ -360,7 +360,7 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
 /// broadcast, elements in ascending order. So a score is a chain of FMAs over e that
 /// depends on nothing but its own row and key (not on R, NB or the rows beside it), there
 /// are no horizontal sums, and each K packet is loaded (and widened) once for all R rows.
-/// pace(NB) before every 8 elements (every 16, with the schedule paced_prefetch had before
+/// pace() before every 8 elements (every 16, with the schedule paced_prefetch had before
 /// its ticks became a fixed count of requests, was 1.03-1.4x slower on decode steps in this
 /// guest's noise).
 template <int R, int NB, class T, class Pace>
@@ -372,7 +372,7 @@ ALIBI_FORCEINLINE void block_products(const float* const* q, const T* k, index_t
   const T* kp[NB];
   for (int i = 0; i < NB; ++i) kp[i] = k + (u + i) * ldk;
   for (index_t e = 0; e < d; ++e) {
-    if (e % 8 == 0) pace(NB);
+    if (e % 8 == 0) pace();
     packet x[C];
     for (int i = 0; i < NB; ++i)
       for (int c = 0; c < P; ++c)
@@ -459,7 +459,7 @@ void small_block_scores(const float* const* q, index_t m, const T* k, index_t ld
 /// the R x C packets of o stay in registers while the keys go by in ascending order (v_j at
 /// v + j * ldv, stored as T), and each V packet is loaded (and widened) once for all R rows.
 /// Each key's R x C products are independent, so the FMA units stay busy even though every
-/// packet's own sum is a chain over the keys. pace(1) before every key (a tick every 4 keys,
+/// packet's own sum is a chain over the keys. pace() before every key (a tick every 4 keys,
 /// so requests 4 times larger, saved arithmetic but made fp16 MHA decode steps 1.07x slower
 /// on one thread).
 template <int R, int C, class T, class Pace>
@@ -470,7 +470,7 @@ ALIBI_FORCEINLINE void pv_packets(const float* const* p, const T* v, index_t ldv
   for (int t = 0; t < R; ++t)
     for (int c = 0; c < C; ++c) acc[t][c] = ei::ploadu<packet>(o[t] + c * lanes);
   for (index_t j = jb; j < je; ++j) {
-    pace(1);
+    pace();
     const T* vj = v + j * ldv;
     packet vp[C];
     for (int c = 0; c < C; ++c)
@@ -520,7 +520,7 @@ void pv_rows(const float* const* p, const T* v, index_t ldv, index_t jb, index_t
 
 /// o[t] += sum over keys j < bk not listed in skip[0, nskip) (ascending) of p[t][j] v_j, for
 /// the rows t < m (o[t]: dv floats; v_j stored as T). Each output element sums its keys in
-/// ascending order, whatever the blocking. pace(1) is called before every key of each block
+/// ascending order, whatever the blocking. pace() is called before every key of each block
 /// of rows and packets, as small_scores calls it.
 template <class T, class Pace>
 void small_pv(const float* const* p, index_t m, const T* v, index_t ldv, index_t bk, index_t dv,
