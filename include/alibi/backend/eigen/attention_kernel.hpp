@@ -543,18 +543,21 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
     const index_t n_keys = std::min(bk, it0.ue - j0);
     if constexpr (Small) {
       // The next tile's K and V rows are requested while this tile goes through the products,
-      // spread over all of them (paced_prefetch), whatever the number of rows: the hardware
-      // prefetcher alone falls behind once the products spend long enough on each K/V byte
-      // (from one row in half precision, whose rows are also widened as they are read; from
-      // four rows in fp32), and with the two-stream schedule it no longer keeps up alone even
-      // on fp32 with one row (16 FMAs per KiB). Measured with scripts/decode-ab.sh (k_len
-      // 32768, Hq 32, both versions alternating in one process, medians of 10-12 rounds, three
-      // runs): fp32 MHA steps 1.04-1.12x faster on one thread and 1.05-1.07x on two than with
-      // the hardware prefetcher alone (which earlier schedules, with their bookkeeping in the
-      // products, had beaten by 1.14-1.18x); at 4096 keys 1.01x on both (noise). Against the
-      // requests in bursts that paced_prefetch replaced (each next K row during the first rows' Q
-      // K^T, each block of V rows before its P V; bench_decode's steps, one thread): fp16 MHA 29.4
-      // -> 25.6 ms, fp16 GQA-8 9.8 -> 7.3, fp32 GQA-8 19.8 -> 14.4.
+      // spread over all of them (paced_prefetch), whatever the number of rows. The hardware
+      // prefetcher alone falls behind once the products spend long enough on each K/V byte:
+      // from one row in half precision (its rows are also widened as they are read), from
+      // four rows in fp32. Against the requests in bursts that paced_prefetch replaced (each
+      // next K row during the first rows' Q K^T, each block of V rows before its P V;
+      // bench_decode's steps, one thread): fp16 MHA 29.4 -> 25.6 ms, fp16 GQA-8 9.8 -> 7.3,
+      // fp32 GQA-8 19.8 -> 14.4. fp32 with one row (16 FMAs per KiB) was left to the hardware
+      // prefetcher while the schedule's bookkeeping sat in the products (requests made it
+      // 1.14-1.18x slower); with the two-stream schedule they pay there too. fp32 MHA steps
+      // against the hardware prefetcher alone (scripts/decode-ab.sh, Hq 32, both versions
+      // alternating in one process, medians of 10-30 rounds): 32768 keys, two threads
+      // 1.05-1.14x faster (six runs), one thread 0.97-1.12x (six runs, four faster); 4096
+      // keys 1.0x on one thread and 1.01-1.03x on two; 1024 keys (32 MiB, partly in the
+      // last-level cache) 1.07x on two threads but 0.95-0.97x on one, where the requests'
+      // own instructions (the arithmetic alone 1.4-1.5x) are not hidden behind memory.
       if (next_j0 >= 0)
         ahead.plan(kv.rows(true, b, it0.hk, next_j0), d, kv.rows(false, b, it0.hk, next_j0), dv,
                    std::min(bk, it0.ue - next_j0));
