@@ -61,8 +61,8 @@ struct far_tile_bound {
   /// `shift`.
   ALIBI_HOST_DEVICE bool negligible(const softmax_state& st, float qnorm, float kmax, index_t dn,
                                     index_t shift) const {
-    const double l = st.l, m = static_cast<double>(st.m) * 0.69314718055994531;  // natural log
-    if (!(l > 0.0) || !(m > -1e300 && m < 1e300)) return false;
+    double m, l;
+    if (!natural_state(st, m, l)) return false;
     return log_bound(qnorm, kmax, dn - shift) - m <= skip_log_epsilon + ::log(l);  // NaN: false
   }
 
@@ -73,12 +73,23 @@ struct far_tile_bound {
   /// test itself still decides, since the root is rounded.
   ALIBI_HOST_DEVICE double min_distance(const softmax_state& st, float qnorm, float kmax,
                                         index_t shift) const {
-    const double l = st.l, m = static_cast<double>(st.m) * 0.69314718055994531;
     const double inf = HUGE_VAL;
-    if (!(l > 0.0) || !(m > -1e300 && m < 1e300) || !(slope > 0.0)) return inf;
+    double m, l;
+    if (!natural_state(st, m, l) || !(slope > 0.0)) return inf;
+    // log_bound at distance 0 is |scale| qnorm kmax + log_geo exactly (slope * 0 is zero).
     const double d = static_cast<double>(shift) +
-                     (abs_scale * qnorm * kmax + log_geo - m - skip_log_epsilon - ::log(l)) / slope;
+                     (log_bound(qnorm, kmax, 0) - m - skip_log_epsilon - ::log(l)) / slope;
     return d == d ? d : inf;  // NaN norms: never
+  }
+
+ private:
+  /// The row's running state in natural-log units: m, its running maximum, and l, its
+  /// normalizer relative to m. False (nothing may be skipped) while the row has no weight
+  /// yet or its maximum is not finite.
+  ALIBI_HOST_DEVICE static bool natural_state(const softmax_state& st, double& m, double& l) {
+    l = st.l;
+    m = static_cast<double>(st.m) * 0.69314718055994531;  // base 2 -> natural log
+    return l > 0.0 && m > -1e300 && m < 1e300;
   }
 };
 
