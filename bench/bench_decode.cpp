@@ -24,6 +24,10 @@
 // BM_fma_floor: the multiply-adds of such a step (32 query heads, D 128, k_len keys) as
 // independent packet FMAs in registers on one thread: the core's peak, the least time any
 // step's arithmetic can take; bound_GB/s as BM_decode_arith's, for fp16 K/V.
+// BM_decode_tokens_outer: BM_decode_kv (skipping off) with K and V stored with the tokens
+// outermost, (1, k_len, kv_heads, 128) (FlashAttention's layout, and kv_cache's before
+// 2026-12-04), each head's rows a whole token apart, against the heads outermost of
+// BM_decode_kv: what that layout costs a step.
 // BM_decode_blocked / BM_decode_arith_blocked: the same with K in blocks of 16 keys
 // (alibi/key_blocks.hpp; a copy of the same keys).
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
@@ -274,13 +278,22 @@ void decode_call(const alibi::backend::eigen& be, const aligned_vector<float>& q
 
 /// skip: 0 off, 1 on (the call computes the key norms), 2 on with the key-norm bounds kept
 /// beside the cache (computed once, as kv_cache keeps them). blocked: K in blocks.
+/// tokens_outer: K and V read as (1, lk, hkv, d) in memory instead of (1, hkv, lk, d) (the
+/// same buffers: the time does not depend on the values).
 template <class T>
 void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int threads,
-            bool blocked = false) {
+            bool blocked = false, bool tokens_outer = false) {
   const index_t hq = 32, d = 128;
   kv_store<T>& kv = kv_store<T>::get(hkv, lk);
-  const decode_views<T> views = make_decode_views<T>(
-      kv.k.data(), blocked ? kv.blocks().data() : nullptr, kv.v.data(), hkv, lk, d, true);
+  decode_views<T> views = make_decode_views<T>(kv.k.data(), blocked ? kv.blocks().data() : nullptr,
+                                               kv.v.data(), hkv, lk, d, true);
+  if (tokens_outer) {
+    // Each head's rows a whole token (hkv * d elements) apart.
+    views.k = alibi::make_strided_view<const T, 4>(kv.k.data(), {1, hkv, lk, d},
+                                                   {lk * hkv * d, d, hkv * d, 1});
+    views.v = alibi::make_strided_view<const T, 4>(kv.v.data(), {1, hkv, lk, d},
+                                                   {lk * hkv * d, d, hkv * d, 1});
+  }
   const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
   aligned_vector<float> out(q.size());
   alibi::attention_params p;
@@ -314,6 +327,15 @@ void BM_decode_blocked(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(4));
   with_kv_type(state.range(2),
                [&](auto type) { decode<decltype(type)>(state, lk, hkv, skip, threads, true); });
+}
+
+// Args: k_len, kv heads, K/V type, threads; skipping off, K and V with the tokens outermost
+// (see the file's head).
+void BM_decode_tokens_outer(benchmark::State& state) {
+  const index_t lk = state.range(0), hkv = state.range(1);
+  const int threads = static_cast<int>(state.range(3));
+  with_kv_type(state.range(2),
+               [&](auto type) { decode<decltype(type)>(state, lk, hkv, 0, threads, false, true); });
 }
 
 /// A decode step (as decode(), skipping off) on K/V views with a key stride of 0: each KV
@@ -681,6 +703,10 @@ BENCHMARK(BM_stream_products)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_kv)
     ->ArgsProduct({{1024, 4096, 32768}, {32, 8}, {0, 1, 2}, {0, 1, 2}, {1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_tokens_outer)
+    ->ArgsProduct({{4096, 32768}, {32, 8}, {0, 1, 2}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_fma_floor)->Args({32768, 8})->Args({32768, 32})->UseRealTime();

@@ -133,10 +133,10 @@ void BM_layer_family(benchmark::State& state) {
   state.counters["gemm_GFLOP/s"] = gemm_flops * n / (t.projections + t.ffn) / 1e9;
 }
 
-// One decoding step (one new token, causal) with a cache of N tokens stored as S: the step
-// is timed, then the cache is truncated back.
+// One decoding step (one new token, causal) with a cache of N tokens stored as S, far-tile
+// skipping on or off: the step is timed, then the cache is truncated back.
 template <class S>
-void layer_decode(benchmark::State& state, index_t N, int threads) {
+void layer_decode(benchmark::State& state, index_t N, int threads, bool skip) {
   auto layer = make_layer(threads);
   auto cache = alibi::kv_cache<float, alibi::backend::eigen, S>::for_module(layer, 1, N + 1);
   std::mt19937 rng(3);
@@ -148,6 +148,7 @@ void layer_decode(benchmark::State& state, index_t N, int threads) {
   opt.mask.causal = true;
   layer.forward(alibi::make_view<const float>(prompt.data(), 1, N, E),
                 alibi::make_view(prompt.data(), 1, N, E), cache, opt);
+  opt.skip_far_tiles = skip;
   alibi::layer_timings t;
   opt.timings = &t;
   alibi_bench::timed_steps(
@@ -165,14 +166,16 @@ void layer_decode(benchmark::State& state, index_t N, int threads) {
   state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Args: tokens in the KV cache, threads, cache type (0 fp32, 1 fp16).
+// Args: tokens in the KV cache, threads, cache type (0 fp32, 1 fp16), far-tile skipping
+// (0 off, 1 on).
 void BM_layer_decode(benchmark::State& state) {
   const index_t N = state.range(0);
   const int threads = static_cast<int>(state.range(1));
+  const bool skip = state.range(3) != 0;
   if (state.range(2) == 0)
-    layer_decode<float>(state, N, threads);
+    layer_decode<float>(state, N, threads, skip);
   else
-    layer_decode<Eigen::half>(state, N, threads);
+    layer_decode<Eigen::half>(state, N, threads, skip);
 }
 
 void BM_sgemm_1024(benchmark::State& state) {
@@ -204,8 +207,9 @@ BENCHMARK(BM_layer_family)
     ->ReportAggregatesOnly(true);
 
 BENCHMARK(BM_layer_decode)
-    ->ArgsProduct({{512, 2048, 8192}, {1, 2}, {0, 1}})
-    ->ArgNames({"cache", "threads", "fp16"})
+    ->ArgsProduct({{512, 2048, 8192}, {1, 2}, {0, 1}, {1}})
+    ->ArgsProduct({{8192}, {1, 2}, {0, 1}, {0}})
+    ->ArgNames({"cache", "threads", "fp16", "skip"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Repetitions(3)

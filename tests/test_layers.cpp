@@ -520,6 +520,72 @@ TEST_CASE("KV cache: prefill + decode steps equal the full causal forward", "[la
   }
 }
 
+TEMPLATE_TEST_CASE("KV cache: the stored keys and values are the projections, heads outermost",
+                   "[layers][decode]", float, Eigen::half) {
+  // GQA (4 query heads on 2 KV heads of dim 4), two sequences appended unevenly: 3 and 1
+  // tokens (a copy per head), then 1 and 1, then 2 and 0 (copies per token).
+  using S = TestType;
+  alibi::mha_config c;
+  c.embed_dim = 16;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  alibi::multi_head_attention<float, cpu> m(c);
+  const weight_map w = random_weights(m, 5);
+  set_all(m, w);
+  const index_t E = 16, Hkv = 2, D = 4, cap = 9;
+  auto cache = alibi::kv_cache<float, cpu, S>::for_module(m, 2, cap);
+  std::vector<std::vector<float>> tokens(2);  // each sequence's inputs, E per token
+  const std::vector<std::vector<index_t>> steps = {{3, 1}, {1, 1}, {2, 0}};
+  alibi::forward_options o;
+  o.mask.causal = true;
+  unsigned seed = 20;
+  for (const auto& n : steps) {
+    const index_t L = std::max(n[0], n[1]);
+    const auto x = randn(2 * L * E, seed++);
+    std::vector<float> out(x.size());
+    o.q_lengths = alibi::make_view<const index_t>(n.data(), 2);
+    m.forward(alibi::make_view<const float>(x.data(), 2, L, E),
+              alibi::make_view(out.data(), 2, L, E), cache, o);
+    for (index_t b = 0; b < 2; ++b)
+      tokens[static_cast<std::size_t>(b)].insert(
+          tokens[static_cast<std::size_t>(b)].end(), x.begin() + b * L * E,
+          x.begin() + (b * L + n[static_cast<std::size_t>(b)]) * E);
+  }
+  REQUIRE(cache.length(0) == 6);
+  REQUIRE(cache.length(1) == 2);
+  for (const auto& view : {cache.keys(), cache.values()}) {
+    const bool keys = view.data == cache.keys().data;
+    // Heads outermost: each head's rows one contiguous run of the capacity.
+    CHECK(view.strides[0] == Hkv * cap * D);
+    CHECK(view.strides[1] == cap * D);
+    CHECK(view.strides[2] == D);
+    CHECK(view.strides[3] == 1);
+    const named_tensor& wt = w.at(keys ? "k_proj.weight" : "v_proj.weight");
+    const named_tensor& bt = w.at(keys ? "k_proj.bias" : "v_proj.bias");
+    for (index_t b = 0; b < 2; ++b)
+      for (index_t t = 0; t < cache.length(b); ++t)
+        for (index_t h = 0; h < Hkv; ++h)
+          for (index_t e = 0; e < D; ++e) {
+            const index_t r = h * D + e;  // the projection's output feature
+            double want = bt.data[static_cast<std::size_t>(r)], mag = std::fabs(want);
+            for (index_t i = 0; i < E; ++i) {
+              const double p =
+                  static_cast<double>(wt.data[static_cast<std::size_t>(r * E + i)]) *
+                  tokens[static_cast<std::size_t>(b)][static_cast<std::size_t>(t * E + i)];
+              want += p;
+              mag += std::fabs(p);
+            }
+            // The float GEMM's rounding, then (fp16) the rounding to S: half an ulp, 2^-11.
+            const double tol =
+                1e-5 * mag + (std::is_same<S, float>::value ? 0.0 : 0x1p-11 * std::fabs(want));
+            INFO((keys ? "keys" : "values")
+                 << ": b " << b << " t " << t << " h " << h << " e " << e);
+            CHECK(std::fabs(static_cast<double>(static_cast<float>(view(b, h, t, e))) - want) <=
+                  tol);
+          }
+  }
+}
+
 TEST_CASE("KV cache: clear, capacity and misuse", "[layers][decode]") {
   alibi::mha_config c;
   c.embed_dim = 16;

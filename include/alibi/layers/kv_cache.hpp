@@ -17,9 +17,14 @@ template <class T, class Backend>
 class multi_head_attention;
 
 /// Keys and values of past tokens for incremental decoding, for one attention module:
-/// K and V of shape (batch, capacity, kv_heads, head_dim) in the backend's memory, and the
+/// K and V of shape (batch, kv_heads, capacity, head_dim) in the backend's memory, and the
 /// number of tokens each sequence holds (host). A forward call with a cache appends the new
 /// tokens' keys and values at positions length(b).. and attends over the whole sequence.
+///
+/// Why heads outermost: a decode step streams each KV head's keys and values, and with them
+/// one contiguous run per head the CPU kernel reads them 1.8-5.2x faster than with the
+/// tokens outermost (each head's rows a whole token apart), measured on this project's Zen 5
+/// guest (q_len 1, 32 query heads, D 128, 32768 keys; README, "the KV cache's layout").
 ///
 /// S is the storage type, T by default. On the CPU backends a layer of float T may keep its
 /// cache in Eigen::half or Eigen::bfloat16: half the memory, and half the bytes a decode
@@ -108,7 +113,9 @@ class kv_cache {
   }
 
   /// (batch, kv_heads, length, head_dim) views of the stored keys and values, `length` =
-  /// the longest sequence; positions past length(b) of sequence b are unspecified.
+  /// the longest sequence; positions past length(b) of sequence b are unspecified. Each
+  /// head's rows are contiguous (strides (kv_heads * capacity * head_dim, capacity *
+  /// head_dim, head_dim, 1)).
   tensor_view<const S, 4> keys() const { return view(k_, max_length()); }
   tensor_view<const S, 4> values() const { return view(v_, max_length()); }
   /// (batch, kv_heads, ceil(length / key_norm_block)) bounds on the norms of keys(), kept as
@@ -185,14 +192,37 @@ class kv_cache {
   tensor_view<const S, 4> view(const detail::backend_buffer<Backend, S>& buf, index_t length,
                                index_t b0 = 0, index_t sequences = -1, index_t first = 0) const {
     return make_strided_view<const S, 4>(
-        buf.data() + (b0 * capacity_ + first) * kv_heads_ * head_dim_,
+        buf.data() + (b0 * kv_heads_ * capacity_ + first) * head_dim_,
         {sequences < 0 ? batch_ : sequences, kv_heads_, length, head_dim_},
-        {capacity_ * kv_heads_ * head_dim_, head_dim_, kv_heads_ * head_dim_, 1});
+        {kv_heads_ * capacity_ * head_dim_, capacity_ * head_dim_, head_dim_, 1});
+  }
+  /// Writes n new tokens' keys and values at positions [at, at + n) of sequence b: token r's
+  /// kv_heads * head_dim keys (heads one after another) at k + r * ld, its values at
+  /// v + r * ld, converted to S. One copy of rows per token across its heads, or per head
+  /// across the tokens, whichever makes fewer (a decode step: one for K, one for V); the
+  /// first only while a head's stride in bytes stays below 2^31 (cudaMemcpy2D's pitch).
+  template <class U>
+  void store(index_t b, index_t at, const U* k, const U* v, index_t ld, index_t n) {
+    const index_t D = head_dim_, head = capacity_ * head_dim_;
+    const bool per_token =
+        n <= kv_heads_ && head * static_cast<index_t>(sizeof(S)) < (index_t(1) << 31);
+    for (int side = 0; side < 2; ++side) {
+      const U* src = side == 0 ? k : v;
+      // (kv_heads, capacity, head_dim) of sequence b, from token `at` on.
+      S* dst = (side == 0 ? k_ : v_).data() + b * kv_heads_ * head + at * D;
+      if (per_token) {
+        for (index_t r = 0; r < n; ++r)  // token r: kv_heads rows of D, `head` apart
+          ops::copy_rows(backend_, src + r * ld, D, dst + r * D, head, kv_heads_, D);
+      } else {
+        for (index_t h = 0; h < kv_heads_; ++h)  // head h: n rows of D, one after another
+          ops::copy_rows(backend_, src + h * D, ld, dst + h * head, D, n, D);
+      }
+    }
   }
 
   Backend backend_;
   index_t batch_, capacity_, kv_heads_, head_dim_;
-  detail::backend_buffer<Backend, S> k_, v_;  // (batch, capacity, kv_heads, head_dim)
+  detail::backend_buffer<Backend, S> k_, v_;  // (batch, kv_heads, capacity, head_dim)
   std::vector<index_t> lengths_;
   // Key-norm bounds (batch, kv_heads, blocks_ of key_norm_block keys of the capacity), on
   // the eigen backend; empty elsewhere.

@@ -390,15 +390,11 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
     ops::linear(backend_, value.data, ldv, rows_k, cfg_.value_dim, wv_.data(),
                 cfg_.bias ? bv_.data() : nullptr, nkv, kvbuf.data() + nkv, 2 * nkv, false, nullptr);
     if (cache != nullptr) {
-      // Append the valid new rows at each sequence's end: (capacity, kv_heads, head_dim).
-      const index_t cap = cache->capacity();
+      // Append the valid new rows at each sequence's end.
       for (index_t b = 0; b < B; ++b) {
-        const index_t at = cache->length(b), n = q_len[static_cast<std::size_t>(b)];
-        const T* src = kvbuf.data() + b * Lk * 2 * nkv;
-        ops::copy_rows(backend_, src, 2 * nkv, cache->k_.data() + (b * cap + at) * nkv, nkv, n,
-                       nkv);
-        ops::copy_rows(backend_, src + nkv, 2 * nkv, cache->v_.data() + (b * cap + at) * nkv, nkv,
-                       n, nkv);
+        const T* src = kvbuf.data() + b * Lk * 2 * nkv;  // (Lk, [k | v]) of sequence b
+        cache->store(b, cache->length(b), src, src + nkv, 2 * nkv,
+                     q_len[static_cast<std::size_t>(b)]);
       }
       cache->lengths_ = k_len;
       for (index_t b = 0; b < B; ++b)
