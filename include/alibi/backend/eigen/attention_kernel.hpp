@@ -728,8 +728,10 @@ struct work_plan {
   index_t tiles = 0, heads = 0, items = 0, group = 1, units = 0, splits = 1, chunk = 0;
   index_t rows_stride = 0, q_heads = 0, q_len = 0;
   bool small = false;
+  bool chunk_major = false;  // work in chunk order: every unit's chunk c before any c + 1
 
-  static work_plan make(const attention_problem& p) {
+  /// interleaved: the KV heads' rows interleave in memory (kv_source::heads_interleave).
+  static work_plan make(const attention_problem& p, bool interleaved) {
     using cfg = kernel_config;
     work_plan w;
     w.q_heads = p.q_heads;
@@ -742,6 +744,17 @@ struct work_plan {
     w.units = w.items / w.group;
     if (w.units < cfg::min_items && p.k_len >= 2 * cfg::min_split_keys)
       w.splits = std::min((cfg::min_items + w.units - 1) / w.units, p.k_len / cfg::min_split_keys);
+    // A small call over interleaved heads: one head's pass over all its keys would touch
+    // every page of the K/V memory for a few lines, and the hardware prefetcher does not
+    // follow such a stride. In chunks of min_split_keys keys taken in chunk order, all the
+    // units of a chunk read its pages one after another instead. Measured on this project's
+    // Zen 5 guest (throwaway program, one call per chunk of 1024 keys, 32768 keys, 32 query
+    // heads, D 128): 1.3-2.4x faster than one pass per head, though still 1.5-2.3x slower
+    // than heads outermost (README, "the KV cache's layout").
+    if (w.small && interleaved && p.k_len >= 2 * cfg::min_split_keys) {
+      w.splits = std::max(w.splits, p.k_len / cfg::min_split_keys);
+      w.chunk_major = true;
+    }
     // Split keys: chunk c covers keys [c * chunk, (c + 1) * chunk).
     w.chunk =
         ((p.k_len + w.splits - 1) / w.splits + cfg::block_k - 1) / cfg::block_k * cfg::block_k;
@@ -767,7 +780,7 @@ template <class T>
 void run(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,
          const kv_source<T>& kv, const tensor_view<float, 4>& out) {
   if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;
-  const work_plan plan = work_plan::make(p);
+  const work_plan plan = work_plan::make(p, kv.heads_interleave());
   const int nthreads = resolve_threads(threads);
 
   const index_t grid = (p.k_len + kernel_config::block_k - 1) / kernel_config::block_k;
@@ -802,7 +815,8 @@ void run(int threads, const attention_problem& p, const tensor_view<const float,
   softmax_state* part_state = part_state_buf.data();
 
   parallel_for(nthreads, plan.units * plan.splits, [&](index_t work) {
-    const index_t unit = work / plan.splits, c = work % plan.splits;
+    const index_t unit = plan.chunk_major ? work % plan.units : work / plan.splits;
+    const index_t c = plan.chunk_major ? work / plan.units : work % plan.splits;
     index_t b, h0, i0, i1;
     plan.coords(unit * plan.group, b, h0, i0, i1);
     const index_t kb = c * plan.chunk, ke = std::min(p.k_len, (c + 1) * plan.chunk);
