@@ -749,7 +749,7 @@ struct work_plan {
     // follow such a stride. In chunks of min_split_keys keys taken in chunk order, all the
     // units of a chunk read its pages one after another instead. Measured on this project's
     // Zen 5 guest (32768 keys, 32 query heads, D 128, 8 and 32 KV heads, both builds
-    // alternated three times): fp32 and fp16 steps 1.5-2.6x faster on one thread, 1.1-2.0x
+    // alternated three times): fp32 and fp16 steps 1.5-2.7x faster on one thread, 1.1-2.0x
     // on two; BM_decode_tokens_outer 1.3-2.6x slower than heads outermost instead of
     // 1.8-5.2x (README, "the KV cache's layout").
     if (w.small && interleaved && p.k_len >= 2 * cfg::min_split_keys) {
