@@ -3,8 +3,10 @@
 # (bench/ab/decode_ab.cpp says why): each version is a git revision, or "worktree" for the
 # headers as they are in this checkout.
 #
-#   scripts/decode-ab.sh REV_A REV_B type threads kv_heads blocked [rounds] [k_len]
+#   scripts/decode-ab.sh REV_A REV_B type threads kv_heads layout [rounds] [k_len]
 #   e.g. scripts/decode-ab.sh HEAD~1 worktree 1 1 8 1 10
+#   type 0 fp32, 1 fp16, 2 bf16 K/V; layout 0 K as rows (heads outermost), 1 K in blocks,
+#   2 K and V with the tokens outermost
 #   scripts/decode-ab.sh REV_A REV_B matrix [rounds]: k_len 32768, 1 and 2 threads, fp32 /
 #   fp16 / bf16 with 8 and 32 KV heads (K as rows), and fp16 / bf16 GQA-8 with K in blocks
 #
@@ -14,7 +16,7 @@
 # Needs g++, Eigen (libeigen3-dev) and git.
 set -euo pipefail
 if [ $# -lt 6 ] && ! { [ $# -ge 3 ] && [ "$3" = matrix ]; }; then
-  sed -n '2,14p' "$0" >&2
+  sed -n '2,16p' "$0" >&2
   exit 2
 fi
 rev_a=$1
@@ -60,6 +62,6 @@ if [ "$1" = matrix ]; then
     done
   done
 else
-  echo "type threads kv_heads blocked [rounds] [k_len]: $*"
+  echo "type threads kv_heads layout [rounds] [k_len]: $*"
   "$work/decode_ab" "$@"
 fi

@@ -7,8 +7,9 @@
 // next, so two builds run one after the other compare their moments, not their code; here
 // every round of A and B meets the same moment, and the medians over the rounds compare.
 //
-// Usage: decode_ab type threads kv_heads blocked [rounds] [k_len]
-//   type: 0 fp32, 1 fp16, 2 bf16 K/V; blocked: 1 for K in blocks of 16 keys.
+// Usage: decode_ab type threads kv_heads layout [rounds] [k_len]
+//   type: 0 fp32, 1 fp16, 2 bf16 K/V; layout: 0 K as rows (heads outermost), 1 K in blocks
+//   of 16 keys, 2 K and V with the tokens outermost.
 // Prints the medians (ms): the ceiling's time for the step's K/V bytes, then A's and B's step
 // and arithmetic, and B / A.
 #include <algorithm>
@@ -24,9 +25,9 @@
 using index_t = std::ptrdiff_t;
 
 void step_a(int type, int threads, const float* q, const void* k, const void* kb, const void* v,
-            float* out, index_t hkv, index_t lk, bool streamed, bool blocked);
+            float* out, index_t hkv, index_t lk, bool streamed, int layout);
 void step_b(int type, int threads, const float* q, const void* k, const void* kb, const void* v,
-            float* out, index_t hkv, index_t lk, bool streamed, bool blocked);
+            float* out, index_t hkv, index_t lk, bool streamed, int layout);
 
 namespace {
 
@@ -68,7 +69,8 @@ void fill(aligned_vector<unsigned char>& buf, std::size_t n, unsigned seed) {
 int usage() {
   std::fprintf(stderr,
                "usage: decode_ab type(0 fp32, 1 fp16, 2 bf16) threads kv_heads "
-               "blocked(0, 1) [rounds, default 10] [k_len, default 32768]\n");
+               "layout(0 rows, 1 K in blocks, 2 tokens outermost) [rounds, default 10] "
+               "[k_len, default 32768]\n");
   return 2;
 }
 
@@ -78,13 +80,14 @@ int main(int argc, char** argv) {
   if (argc < 5) return usage();
   const int type = std::atoi(argv[1]), threads = std::atoi(argv[2]);
   const index_t hkv = std::atol(argv[3]);
-  const bool blocked = std::atoi(argv[4]) != 0;
+  const int layout = std::atoi(argv[4]);
   const int rounds = argc > 5 ? std::atoi(argv[5]) : 10;
   const index_t lk = argc > 6 ? std::atol(argv[6]) : 32768;
-  if (type < 0 || type > 2 || threads < 1 || hkv < 1 || 32 % hkv != 0 || rounds < 1 || lk < 1) {
+  if (type < 0 || type > 2 || threads < 1 || hkv < 1 || 32 % hkv != 0 || layout < 0 || layout > 2 ||
+      rounds < 1 || lk < 1) {
     std::fprintf(stderr,
                  "error: type must be 0, 1 or 2, threads >= 1, kv_heads a divisor of "
-                 "32, rounds >= 1, k_len >= 1\n");
+                 "32, layout 0, 1 or 2, rounds >= 1, k_len >= 1\n");
     return usage();
   }
   const index_t d = 128, hq = 32, blocks = (lk + 15) / 16;
@@ -112,10 +115,8 @@ int main(int argc, char** argv) {
   volatile float sink = stream_sum(ceiling.data(), ceiling.size());
   // An untimed call of each first: the first pass over freshly written buffers can take
   // many times as long as the next ones on a virtual machine.
-  step_a(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true,
-         blocked);
-  step_b(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true,
-         blocked);
+  step_a(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true, layout);
+  step_b(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true, layout);
   for (int r = 0; r < rounds; ++r) {
     auto t0 = clock::now();
     sink = sink + stream_sum(ceiling.data(), ceiling.size());
@@ -124,11 +125,10 @@ int main(int argc, char** argv) {
       const int which = (w + r) % 2;  // who goes first alternates
       auto* f = which == 0 ? step_a : step_b;
       t0 = clock::now();
-      f(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true, blocked);
+      f(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true, layout);
       step[which].push_back(ms_since(t0));
       t0 = clock::now();
-      f(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, false,
-        blocked);
+      f(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, false, layout);
       arith[which].push_back(ms_since(t0));
     }
   }

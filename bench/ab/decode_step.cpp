@@ -13,7 +13,7 @@ using alibi::index_t;
 
 template <class T>
 void call(int threads, const float* q, const T* k, const T* kb, const T* v, float* out, index_t hkv,
-          index_t lk, bool streamed, bool blocked) {
+          index_t lk, bool streamed, int layout) {
   const index_t hq = 32, d = 128;
   alibi::attention_params p;
   p.mask.causal = true;
@@ -23,9 +23,12 @@ void call(int threads, const float* q, const T* k, const T* kb, const T* v, floa
   const auto ov = alibi::make_view(out, 1, hq, 1, d);
   // Not streamed: a key stride of 0, every key reads the same L1-resident row (the
   // arithmetic alone).
-  const alibi_bench::decode_views<T> kv =
-      alibi_bench::make_decode_views(k, kb, v, hkv, lk, d, streamed);
-  if (blocked)
+  alibi_bench::decode_views<T> kv = alibi_bench::make_decode_views(k, kb, v, hkv, lk, d, streamed);
+  if (layout == 2 && streamed) {  // the tokens outermost: each head's rows hkv * d apart
+    kv.k = alibi::make_strided_view<const T, 4>(k, {1, hkv, lk, d}, {lk * hkv * d, d, hkv * d, 1});
+    kv.v = alibi::make_strided_view<const T, 4>(v, {1, hkv, lk, d}, {lk * hkv * d, d, hkv * d, 1});
+  }
+  if (layout == 1)
     alibi::attention(be, qv, kv.kb, kv.v, ov, p);
   else
     alibi::attention(be, qv, kv.k, kv.v, ov, p);
@@ -34,18 +37,18 @@ void call(int threads, const float* q, const T* k, const T* kb, const T* v, floa
 }  // namespace
 
 /// type 0 fp32, 1 fp16, 2 bf16 K/V (k: K as rows, kb: K in blocks; the timing does not
-/// depend on their values).
+/// depend on their values); layout 0: K as rows, heads outermost; 1: K in blocks; 2: K and
+/// V with the tokens outermost ((1, lk, hkv, d) memory; not streamed, as layout 0).
 void ALIBI_AB_STEP(int type, int threads, const float* q, const void* k, const void* kb,
-                   const void* v, float* out, index_t hkv, index_t lk, bool streamed,
-                   bool blocked) {
+                   const void* v, float* out, index_t hkv, index_t lk, bool streamed, int layout) {
   if (type == 1)
     call(threads, q, static_cast<const Eigen::half*>(k), static_cast<const Eigen::half*>(kb),
-         static_cast<const Eigen::half*>(v), out, hkv, lk, streamed, blocked);
+         static_cast<const Eigen::half*>(v), out, hkv, lk, streamed, layout);
   else if (type == 2)
     call(threads, q, static_cast<const Eigen::bfloat16*>(k),
          static_cast<const Eigen::bfloat16*>(kb), static_cast<const Eigen::bfloat16*>(v), out, hkv,
-         lk, streamed, blocked);
+         lk, streamed, layout);
   else
     call(threads, q, static_cast<const float*>(k), static_cast<const float*>(kb),
-         static_cast<const float*>(v), out, hkv, lk, streamed, blocked);
+         static_cast<const float*>(v), out, hkv, lk, streamed, layout);
 }

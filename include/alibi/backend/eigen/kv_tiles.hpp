@@ -203,12 +203,12 @@ struct kv_source {
   bool blocked() const { return holds_key_blocks(kb); }
 
   /// Whether the KV heads' rows interleave in memory (the tokens outermost, as in
-  /// (batch, seq, heads, dim) memory): a head's stride shorter than its k_len rows. K in
-  /// blocks is one run per head; V (and K as rows) are asked.
+  /// (batch, seq, heads, dim) memory): two heads or more, a head's stride shorter than its
+  /// k_len rows. K in blocks is one run per head; V (and K as rows) are asked.
   bool heads_interleave() const {
     auto interleaved = [](const auto& t) {
       const index_t rows = t.extents[2] * (t.strides[2] < 0 ? -t.strides[2] : t.strides[2]);
-      return (t.strides[1] < 0 ? -t.strides[1] : t.strides[1]) < rows;
+      return t.extents[1] > 1 && (t.strides[1] < 0 ? -t.strides[1] : t.strides[1]) < rows;
     };
     return interleaved(v) || (!blocked() && interleaved(k));
   }
