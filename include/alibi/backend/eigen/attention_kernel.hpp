@@ -748,10 +748,10 @@ struct work_plan {
     // every page of the K/V memory for a few lines, and the hardware prefetcher does not
     // follow such a stride. In chunks of min_split_keys keys taken in chunk order, all the
     // units of a chunk read its pages one after another instead. Measured on this project's
-    // Zen 5 guest (32768 keys, 32 query heads, D 128, 8 and 32 KV heads, both builds
-    // alternated three times): fp32 and fp16 steps 1.5-2.7x faster on one thread, 1.1-2.0x
-    // on two; BM_decode_tokens_outer 1.3-2.6x slower than heads outermost instead of
-    // 1.8-5.2x (README, "the KV cache's layout").
+    // Zen 5 guest (32 query heads, D 128, 8 and 32 KV heads, scripts/decode-ab.sh layout 2):
+    // 32768 keys 1.46-1.86x faster on one thread, 1.17-1.50x on two; 4096 keys 0.90-1.09x
+    // (noise). BM_decode_tokens_outer: 1.3-2.6x slower than heads outermost at 32768 keys
+    // instead of 1.8-5.2x (README, "the KV cache's layout").
     if (w.small && interleaved && p.k_len >= 2 * cfg::min_split_keys) {
       w.splits = std::max(w.splits, p.k_len / cfg::min_split_keys);
       w.chunk_major = true;
