@@ -119,23 +119,25 @@ TEST_CASE("prefill then decode with position offsets equals the full causal comp
 
 TEST_CASE("small calls over KV heads that interleave in memory: the oracle, any thread count",
           "[eigen][decode][layout]") {
-  // K/V with the tokens outermost ((batch, seq, heads, dim) memory) and at least 2 * 2048
-  // keys: a small call then works in key chunks of 2048, chunk by chunk (work_plan); uneven
-  // last chunks, GQA and MHA, masks and lengths.
-  std::vector<case_spec> cases;
-  for (index_t lk : {4096, 6001}) {
-    for (index_t hkv : {2, 4}) {
-      case_spec s;
-      s.batch = 2, s.hq = 4, s.hkv = hkv, s.lq = hkv == 2 ? 3 : 1, s.lk = lk, s.d = 32;
-      s.bshd = true, s.causal = lk == 4096, s.seed = static_cast<std::uint64_t>(lk + hkv);
-      s.lengths = hkv == 4;
-      s.key_mask = lk == 6001;
-      cases.push_back(s);
-    }
-  }
-  for (const case_spec& spec : cases) {
+  // K/V with the tokens outermost ((batch, seq, heads, dim) memory), at least 2 * 2048 keys
+  // and skipping off: a small call then works in key chunks of about 2048, chunk by chunk
+  // (work_plan). Uneven last chunks, GQA and MHA, masks and lengths; 16 units (which
+  // otherwise take no split); 36865 keys (18 chunks of 2176 keys by the rounding to whole
+  // tiles: none may start past the last key).
+  std::vector<case_spec> cases(4);
+  cases[0].batch = 2, cases[0].hq = 4, cases[0].hkv = 2, cases[0].lq = 3, cases[0].lk = 4096;
+  cases[0].causal = true;
+  cases[1].batch = 2, cases[1].hq = 4, cases[1].hkv = 4, cases[1].lq = 1, cases[1].lk = 6001;
+  cases[1].lengths = true, cases[1].key_mask = true;
+  cases[2].batch = 2, cases[2].hq = 8, cases[2].hkv = 8, cases[2].lq = 1, cases[2].lk = 4096;
+  cases[3].batch = 1, cases[3].hq = 4, cases[3].hkv = 2, cases[3].lq = 2, cases[3].lk = 36865;
+  cases[3].causal = true;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    case_spec& spec = cases[i];
+    spec.d = 32, spec.bshd = true, spec.seed = 40 + i;
     INFO(spec.name());
     alibi_test::case_data c(spec);
+    c.params.skip_far_tiles = false;
     std::vector<float> first;
     for (int threads : {1, 2, 3}) {
       INFO("threads " << threads);
@@ -156,4 +158,28 @@ TEST_CASE("small calls over KV heads that interleave in memory: the oracle, any 
         CHECK(std::memcmp(first.data(), out.buf.data(), first.size() * sizeof(float)) == 0);
     }
   }
+}
+
+TEST_CASE("which K/V views count as KV heads interleaving in memory", "[eigen][layout]") {
+  // (1, 4 heads, 64 keys, 8): tokens outermost interleave; heads outermost, a cache's views
+  // with room past the keys, one KV head, a key stride of 0 and K in blocks with V by heads
+  // do not.
+  std::vector<float> buf(static_cast<std::size_t>(4 * 100 * 8));
+  const float* x = buf.data();
+  using view = alibi::tensor_view<const float, 4>;
+  const view bshd = alibi::make_strided_view<const float, 4>(x, {1, 4, 64, 8}, {2048, 8, 32, 1});
+  const view bhsd = alibi::make_strided_view<const float, 4>(x, {1, 4, 64, 8}, {2048, 512, 8, 1});
+  const view cache = alibi::make_strided_view<const float, 4>(x, {1, 4, 64, 8}, {3200, 800, 8, 1});
+  const view mqa = alibi::make_strided_view<const float, 4>(x, {1, 1, 64, 8}, {512, 8, 8, 1});
+  const view still = alibi::make_strided_view<const float, 4>(x, {1, 4, 64, 8}, {32, 8, 0, 1});
+  using source = alibi::detail::cpu::kv_source<float>;
+  CHECK(source{bshd, bshd}.heads_interleave());
+  CHECK(source{bhsd, bshd}.heads_interleave());
+  CHECK_FALSE(source{bhsd, bhsd}.heads_interleave());
+  CHECK_FALSE(source{cache, cache}.heads_interleave());
+  CHECK_FALSE(source{mqa, mqa}.heads_interleave());
+  CHECK_FALSE(source{still, still}.heads_interleave());
+  const auto blocks = alibi::make_key_blocks(x, 1, 4, 64, 8);
+  CHECK_FALSE(source{bshd, bhsd, blocks}.heads_interleave());
+  CHECK(source{bhsd, bshd, blocks}.heads_interleave());
 }

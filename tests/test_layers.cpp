@@ -522,8 +522,8 @@ TEST_CASE("KV cache: prefill + decode steps equal the full causal forward", "[la
 
 TEMPLATE_TEST_CASE("KV cache: the stored keys and values are the projections, heads outermost",
                    "[layers][decode]", float, Eigen::half) {
-  // GQA (4 query heads on 2 KV heads of dim 4), two sequences appended unevenly: 3 and 1
-  // tokens (a copy per head), then 1 and 1, then 2 and 0 (copies per token).
+  // GQA (4 query heads on 2 KV heads of dim 4), two sequences appended unevenly: 3 tokens
+  // (a copy per head) and 1, then 1 and 1, then 2 and 0 (copies per token).
   using S = TestType;
   alibi::mha_config c;
   c.embed_dim = 16;

@@ -38,7 +38,8 @@ void call(int threads, const float* q, const T* k, const T* kb, const T* v, floa
 
 /// type 0 fp32, 1 fp16, 2 bf16 K/V (k: K as rows, kb: K in blocks; the timing does not
 /// depend on their values); layout 0: K as rows, heads outermost; 1: K in blocks; 2: K and
-/// V with the tokens outermost ((1, lk, hkv, d) memory; not streamed, as layout 0).
+/// V with the tokens outermost ((1, lk, hkv, d) memory; not streamed, as layout 0: with a
+/// key stride of 0 the heads do not interleave, so the arithmetic alone is layout 0's plan).
 void ALIBI_AB_STEP(int type, int threads, const float* q, const void* k, const void* kb,
                    const void* v, float* out, index_t hkv, index_t lk, bool streamed, int layout) {
   if (type == 1)

@@ -76,7 +76,8 @@ struct far_tile_bound {
     const double inf = HUGE_VAL;
     double m, l;
     if (!natural_state(st, m, l) || !(slope > 0.0)) return inf;
-    // log_bound at distance 0 is |scale| qnorm kmax + log_geo exactly (slope * 0 is zero).
+    // log_bound at distance 0: |scale| qnorm kmax + log_geo (up to an ulp where the compiler
+    // contracts differently; the root only chooses where to ask).
     const double d = static_cast<double>(shift) +
                      (log_bound(qnorm, kmax, 0) - m - skip_log_epsilon - ::log(l)) / slope;
     return d == d ? d : inf;  // NaN norms: never

@@ -199,11 +199,14 @@ class kv_cache {
   }
   /// Writes n new tokens' keys and values at positions [at, at + n) of sequence b: token r's
   /// kv_heads * head_dim keys (heads one after another) at k + r * ld, its values at
-  /// v + r * ld, converted to S. One copy of rows per token across its heads, or per head
-  /// across the tokens, whichever makes fewer (a decode step: one for K, one for V); the
-  /// first only while a head's stride in bytes stays below 2^31 (cudaMemcpy2D's pitch).
+  /// v + r * ld, converted to S, by `be` (the layer's backend: on CUDA its stream orders the
+  /// copies after the projections that wrote k and v). One copy of rows per token across
+  /// its heads, or per head across the tokens, whichever makes fewer (a decode step: one
+  /// for K, one for V); the first only while a head's stride in bytes stays below 2^31
+  /// (cudaMemcpy2D's pitch).
   template <class U>
-  void store(index_t b, index_t at, const U* k, const U* v, index_t ld, index_t n) {
+  void store(const Backend& be, index_t b, index_t at, const U* k, const U* v, index_t ld,
+             index_t n) {
     const index_t D = head_dim_, head = capacity_ * head_dim_;
     const bool per_token =
         n <= kv_heads_ && head * static_cast<index_t>(sizeof(S)) < (index_t(1) << 31);
@@ -213,10 +216,10 @@ class kv_cache {
       S* dst = (side == 0 ? k_ : v_).data() + b * kv_heads_ * head + at * D;
       if (per_token) {
         for (index_t r = 0; r < n; ++r)  // token r: kv_heads rows of D, `head` apart
-          ops::copy_rows(backend_, src + r * ld, D, dst + r * D, head, kv_heads_, D);
+          ops::copy_rows(be, src + r * ld, D, dst + r * D, head, kv_heads_, D);
       } else {
         for (index_t h = 0; h < kv_heads_; ++h)  // head h: n rows of D, one after another
-          ops::copy_rows(backend_, src + h * D, ld, dst + h * head, D, n, D);
+          ops::copy_rows(be, src + h * D, ld, dst + h * head, D, n, D);
       }
     }
   }

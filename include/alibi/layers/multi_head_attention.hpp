@@ -393,7 +393,7 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
       // Append the valid new rows at each sequence's end.
       for (index_t b = 0; b < B; ++b) {
         const T* src = kvbuf.data() + b * Lk * 2 * nkv;  // (Lk, [k | v]) of sequence b
-        cache->store(b, cache->length(b), src, src + nkv, 2 * nkv,
+        cache->store(backend_, b, cache->length(b), src, src + nkv, 2 * nkv,
                      q_len[static_cast<std::size_t>(b)]);
       }
       cache->lengths_ = k_len;

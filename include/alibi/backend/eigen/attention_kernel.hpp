@@ -730,8 +730,9 @@ struct work_plan {
   bool small = false;
   bool chunk_major = false;  // work in chunk order: every unit's chunk c before any c + 1
 
-  /// interleaved: the KV heads' rows interleave in memory (kv_source::heads_interleave).
-  static work_plan make(const attention_problem& p, bool interleaved) {
+  /// interleaved: the KV heads' rows interleave in memory (kv_source::heads_interleave);
+  /// skipping: the call skips far tiles.
+  static work_plan make(const attention_problem& p, bool interleaved, bool skipping) {
     using cfg = kernel_config;
     work_plan w;
     w.q_heads = p.q_heads;
@@ -746,19 +747,25 @@ struct work_plan {
       w.splits = std::min((cfg::min_items + w.units - 1) / w.units, p.k_len / cfg::min_split_keys);
     // A small call over interleaved heads: one head's pass over all its keys would touch
     // every page of the K/V memory for a few lines, and the hardware prefetcher does not
-    // follow such a stride. In chunks of min_split_keys keys taken in chunk order, all the
-    // units of a chunk read its pages one after another instead. Measured on this project's
-    // Zen 5 guest (32 query heads, D 128, 8 and 32 KV heads, scripts/decode-ab.sh layout 2):
+    // follow such a stride. In chunks of about min_split_keys keys taken in chunk order, all
+    // the units of a chunk read its pages one after another instead. Not when skipping far
+    // tiles: every chunk's nearest tile is computed, so a steep head that one pass would
+    // end after a few tiles would compute one per chunk (not measured). Measured on this
+    // project's Zen 5 guest (32 query heads, D 128, 8 and 32 KV heads, skipping off,
+    // scripts/decode-ab.sh layout 2):
     // 32768 keys 1.46-1.86x faster on one thread, 1.17-1.50x on two; 4096 keys 0.90-1.09x
     // (noise). BM_decode_tokens_outer: 1.3-2.6x slower than heads outermost at 32768 keys
     // instead of 1.8-5.2x (README, "the KV cache's layout").
-    if (w.small && interleaved && p.k_len >= 2 * cfg::min_split_keys) {
+    if (w.small && interleaved && !skipping && p.k_len >= 2 * cfg::min_split_keys) {
       w.splits = std::max(w.splits, p.k_len / cfg::min_split_keys);
       w.chunk_major = true;
     }
     // Split keys: chunk c covers keys [c * chunk, (c + 1) * chunk).
     w.chunk =
         ((p.k_len + w.splits - 1) / w.splits + cfg::block_k - 1) / cfg::block_k * cfg::block_k;
+    // Rounding the chunk up to whole tiles may leave the last chunks without keys (from
+    // about 18 splits on): no chunk starts past k_len.
+    if (w.chunk > 0) w.splits = (p.k_len + w.chunk - 1) / w.chunk;
     w.rows_stride = std::min(cfg::block_q, p.q_len);
     return w;
   }
@@ -781,15 +788,15 @@ template <class T>
 void run(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,
          const kv_source<T>& kv, const tensor_view<float, 4>& out) {
   if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;
-  const work_plan plan = work_plan::make(p, kv.heads_interleave());
   const int nthreads = resolve_threads(threads);
-
   const index_t grid = (p.k_len + kernel_config::block_k - 1) / kernel_config::block_k;
+  const bool skipping = p.skip_far_tiles && p.slopes.enabled && grid > 1;
+  const work_plan plan = work_plan::make(p, kv.heads_interleave(), skipping);
+
   // The calling thread's buffers, named by reference: a thread_local named inside the
   // lambdas would be each worker's own instance.
   thread_local aligned_buffer<float> prefix_buf, suffix_buf, part_o_buf;
   thread_local aligned_buffer<softmax_state> part_state_buf;
-  const bool skipping = p.skip_far_tiles && p.slopes.enabled && grid > 1;
   if (skipping) {
     const auto size = static_cast<std::size_t>(p.batch * p.kv_heads * grid);
     prefix_buf.reserve(size);

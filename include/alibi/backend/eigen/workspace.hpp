@@ -21,8 +21,9 @@ struct kernel_config {
   static constexpr index_t block_k = 128;  // keys per inner tile
   // Few (batch, head, query tile) items (decoding: q_len 1..16) leave threads idle, so the
   // keys are then split into chunks whose partial results are merged through their
-  // softmax states. The split depends on the shape only, never on the thread count, so
-  // results stay bitwise independent of the thread count.
+  // softmax states. The split depends on the shape (and on whether the KV heads interleave
+  // in memory, work_plan) only, never on the thread count, so results stay bitwise
+  // independent of the thread count.
   static constexpr index_t min_items = 16;
   // Calls with at most this many query rows (decoding, a few speculative tokens) work on
   // the query heads of a GQA group together, so that they share each K/V tile; work items
