@@ -66,6 +66,7 @@ namespace {
 using alibi_bench::decode_views;
 using alibi_bench::index_t;
 using alibi_bench::make_decode_views;
+using alibi_bench::read_tokens_outer;
 
 /// Storage on 64-byte boundaries, as an engine's allocator (and alibi's kv_cache) gives: a
 /// K/V row that starts 16 bytes past a line makes every packet load span two cache lines.
@@ -287,13 +288,7 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int thre
   kv_store<T>& kv = kv_store<T>::get(hkv, lk);
   decode_views<T> views = make_decode_views<T>(kv.k.data(), blocked ? kv.blocks().data() : nullptr,
                                                kv.v.data(), hkv, lk, d, true);
-  if (tokens_outer) {
-    // Each head's rows a whole token (hkv * d elements) apart.
-    views.k = alibi::make_strided_view<const T, 4>(kv.k.data(), {1, hkv, lk, d},
-                                                   {lk * hkv * d, d, hkv * d, 1});
-    views.v = alibi::make_strided_view<const T, 4>(kv.v.data(), {1, hkv, lk, d},
-                                                   {lk * hkv * d, d, hkv * d, 1});
-  }
+  if (tokens_outer) read_tokens_outer(views, kv.k.data(), kv.v.data(), hkv, lk, d);
   const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
   aligned_vector<float> out(q.size());
   alibi::attention_params p;

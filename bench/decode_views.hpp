@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The K/V views of the decode benchmarks (bench_decode.cpp and the in-process A/B tool,
 // ab/decode_step.cpp): one sequence's K and V, (1, Hkv, Lk, D), and the same K in blocks of
-// 16 keys (alibi/key_blocks.hpp), either streamed from memory or with a key stride of 0.
+// 16 keys (alibi/key_blocks.hpp), either streamed from memory or with a key stride of 0; or K and V
+// read with the tokens outermost.
 #pragma once
 
 #include <alibi/key_blocks.hpp>
@@ -35,6 +36,16 @@ decode_views<T> make_decode_views(const T* k, const T* kb, const T* v, alibi::in
       kb, {1, hkv, nb, d, alibi::keys_per_block},
       {hkv * block_head, block_head, block_stride, alibi::keys_per_block, 1});
   return views;
+}
+
+/// The k and v of streamed views read with the tokens outermost instead: the same buffers as
+/// (1, lk, hkv, d) memory, each head's rows hkv * d elements apart (the time of a step does
+/// not depend on the values).
+template <class T>
+void read_tokens_outer(decode_views<T>& views, const T* k, const T* v, alibi::index_t hkv,
+                       alibi::index_t lk, alibi::index_t d) {
+  views.k = alibi::make_strided_view<const T, 4>(k, {1, hkv, lk, d}, {lk * hkv * d, d, hkv * d, 1});
+  views.v = alibi::make_strided_view<const T, 4>(v, {1, hkv, lk, d}, {lk * hkv * d, d, hkv * d, 1});
 }
 
 }  // namespace alibi_bench

@@ -24,10 +24,7 @@ void call(int threads, const float* q, const T* k, const T* kb, const T* v, floa
   // Not streamed: a key stride of 0, every key reads the same L1-resident row (the
   // arithmetic alone).
   alibi_bench::decode_views<T> kv = alibi_bench::make_decode_views(k, kb, v, hkv, lk, d, streamed);
-  if (layout == 2 && streamed) {  // the tokens outermost: each head's rows hkv * d apart
-    kv.k = alibi::make_strided_view<const T, 4>(k, {1, hkv, lk, d}, {lk * hkv * d, d, hkv * d, 1});
-    kv.v = alibi::make_strided_view<const T, 4>(v, {1, hkv, lk, d}, {lk * hkv * d, d, hkv * d, 1});
-  }
+  if (layout == 2 && streamed) alibi_bench::read_tokens_outer(kv, k, v, hkv, lk, d);
   if (layout == 1)
     alibi::attention(be, qv, kv.kb, kv.v, ov, p);
   else
