@@ -756,7 +756,7 @@ struct work_plan {
     // scripts/decode-ab.sh layout 2):
     // 32768 keys 1.46-1.86x faster on one thread, 1.17-1.50x on two; 4096 keys 0.90-1.09x
     // (noise). BM_decode_tokens_outer: 1.3-2.6x slower than heads outermost at 32768 keys
-    // instead of 1.8-5.2x (README, "the KV cache's layout").
+    // instead of 1.8-5.2x (docs/decode-history.md, thirteenth session).
     if (w.small && interleaved && !skipping && p.k_len >= 2 * cfg::min_split_keys) {
       w.splits = std::max(w.splits, p.k_len / cfg::min_split_keys);
       w.chunk_major = true;
