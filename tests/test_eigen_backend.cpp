@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <alibi/backend/eigen/attention_kernel.hpp>
+
 #include "backends.hpp"
 #include "common.hpp"
 
@@ -120,10 +122,10 @@ TEST_CASE("prefill then decode with position offsets equals the full causal comp
 TEST_CASE("small calls over KV heads that interleave in memory: the oracle, any thread count",
           "[eigen][decode][layout]") {
   // K/V with the tokens outermost ((batch, seq, heads, dim) memory), at least 2 * 2048 keys
-  // and skipping off: a small call then works in key chunks of about 2048, chunk by chunk
-  // (work_plan). Uneven last chunks, GQA and MHA, masks and lengths; 16 units (which
-  // otherwise take no split); 36865 keys (18 chunks of 2176 keys by the rounding to whole
-  // tiles: none may start past the last key).
+  // and skipping off: a small call then works in key chunks, chunk by chunk (work_plan;
+  // 2048 keys with these short token rows). Uneven last chunks, GQA and MHA, masks and lengths; 16
+  // units (which otherwise take no split); 36865 keys (18 chunks of 2176 keys by the rounding to
+  // whole tiles: none may start past the last key).
   std::vector<case_spec> cases(4);
   cases[0].batch = 2, cases[0].hq = 4, cases[0].hkv = 2, cases[0].lq = 3, cases[0].lk = 4096;
   cases[0].causal = true;
@@ -160,6 +162,77 @@ TEST_CASE("small calls over KV heads that interleave in memory: the oracle, any 
   }
 }
 
+TEST_CASE(
+    "small calls over interleaved KV heads with long token rows: the oracle, any thread "
+    "count",
+    "[eigen][decode][layout][heavy]") {
+  // Tokens outermost with 8 and 16 KV heads of 128 fp32 elements: 4 and 8 KiB from one
+  // token's row of a head to the next, so the key chunks are about 1024 and 512 keys
+  // (work_plan: 1024, and 640 with 4500 keys, the last of 20), not the 2048 of the test
+  // above.
+  std::vector<case_spec> cases(2);
+  cases[0].batch = 1, cases[0].hq = 16, cases[0].hkv = 8, cases[0].lq = 1, cases[0].lk = 4096;
+  cases[1].batch = 1, cases[1].hq = 16, cases[1].hkv = 16, cases[1].lq = 2, cases[1].lk = 4500;
+  cases[1].causal = true, cases[1].lengths = true;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    case_spec& spec = cases[i];
+    spec.d = 128, spec.bshd = true, spec.seed = 50 + i;
+    INFO(spec.name());
+    alibi_test::case_data c(spec);
+    c.params.skip_far_tiles = false;
+    std::vector<float> first;
+    for (int threads : {1, 2}) {
+      INFO("threads " << threads);
+      alibi_test::padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.d, true, 1234.5f);
+      const alibi_test::comparison r = alibi_test::check_call(
+          c, [&](const alibi_test::case_data& d, const alibi::attention_params& p,
+                 const alibi::tensor_view<float, 4>& o) {
+            alibi::attention(alibi::backend::eigen{threads}, d.q.view, d.k.view, d.v.view, o, p);
+            alibi::attention(alibi::backend::eigen{threads}, d.q.view, d.k.view, d.v.view, out.view,
+                             p);
+          });
+      INFO(r.describe());
+      CHECK(r.ok());
+      CHECK(r.max_err <= 1e-5);
+      if (threads == 1)
+        first = out.buf;
+      else
+        CHECK(std::memcmp(first.data(), out.buf.data(), first.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("the key chunks of small calls over interleaved KV heads follow the token stride",
+          "[eigen][layout]") {
+  // About interleaved_chunk_bytes (4 MiB) of each head's rows per chunk, 256 to 2048 keys,
+  // whole tiles; only with interleaved heads, skipping off and at least 4096 keys.
+  using plan = alibi::detail::cpu::work_plan;
+  alibi::detail::attention_problem p;
+  p.batch = 1, p.q_heads = 32, p.kv_heads = 32, p.q_len = 1, p.k_len = 32768;
+  p.head_dim = p.v_head_dim = 128;
+  const plan fp32_mha = plan::make(p, 32 * 128 * 4, false);  // 16 KiB: 256 keys
+  CHECK(fp32_mha.chunk_major);
+  CHECK(fp32_mha.chunk == 256);
+  CHECK(fp32_mha.splits == 128);
+  const plan fp16_mha = plan::make(p, 32 * 128 * 2, false);  // 8 KiB: 512 keys
+  CHECK(fp16_mha.chunk == 512);
+  const plan tiny = plan::make(p, 1 << 20, false);  // beyond 4 MiB per 256 keys: 256
+  CHECK(tiny.chunk == 256);
+  CHECK(plan::make(p, 256, false).chunk == 2048);  // short rows: at most 2048 keys
+  CHECK_FALSE(plan::make(p, 0, false).chunk_major);
+  CHECK_FALSE(plan::make(p, 32 * 128 * 4, true).chunk_major);
+  p.kv_heads = 8;
+  const plan fp32_gqa = plan::make(p, 8 * 128 * 4, false);  // 4 KiB: 1024 keys
+  CHECK(fp32_gqa.chunk == 1024);
+  CHECK(fp32_gqa.splits == 32);
+  p.k_len = 4500;  // 4 chunks of about 1024 keys: 1152 (whole tiles), the last of 1044
+  const plan uneven = plan::make(p, 8 * 128 * 4, false);
+  CHECK(uneven.chunk == 1152);
+  CHECK(uneven.splits == 4);
+  p.k_len = 4095;  // below 4096 keys: no chunk order
+  CHECK_FALSE(plan::make(p, 8 * 128 * 4, false).chunk_major);
+}
+
 TEST_CASE("which K/V views count as KV heads interleaving in memory", "[eigen][layout]") {
   // (1, 4 heads, 64 keys, 8): tokens outermost interleave; heads outermost, a cache's views
   // with room past the keys, one KV head, a key stride of 0 and K in blocks with V by heads
@@ -182,4 +255,8 @@ TEST_CASE("which K/V views count as KV heads interleaving in memory", "[eigen][l
   const auto blocks = alibi::make_key_blocks(x, 1, 4, 64, 8);
   CHECK_FALSE(source{bshd, bhsd, blocks}.heads_interleave());
   CHECK(source{bhsd, bshd, blocks}.heads_interleave());
+  // The token stride in bytes: the larger of V's and K's (K's only as rows).
+  CHECK(source{bshd, bshd}.token_bytes() == 32 * 4);
+  CHECK(source{bhsd, bshd}.token_bytes() == 32 * 4);
+  CHECK(source{bshd, bhsd, blocks}.token_bytes() == 8 * 4);
 }

@@ -730,9 +730,10 @@ struct work_plan {
   bool small = false;
   bool chunk_major = false;  // work in chunk order: every unit's chunk c before any c + 1
 
-  /// interleaved: the KV heads' rows interleave in memory (kv_source::heads_interleave);
-  /// skipping: the call skips far tiles.
-  static work_plan make(const attention_problem& p, bool interleaved, bool skipping) {
+  /// token_bytes: 0, or the stride of a KV head's rows in bytes when the KV heads' rows
+  /// interleave in memory (kv_source::heads_interleave, token_bytes); skipping: the call
+  /// skips far tiles.
+  static work_plan make(const attention_problem& p, index_t token_bytes, bool skipping) {
     using cfg = kernel_config;
     work_plan w;
     w.q_heads = p.q_heads;
@@ -747,18 +748,24 @@ struct work_plan {
       w.splits = std::min((cfg::min_items + w.units - 1) / w.units, p.k_len / cfg::min_split_keys);
     // A small call over interleaved heads: one head's pass over all its keys would touch
     // every page of the K/V memory for a few lines, and the hardware prefetcher does not
-    // follow such a stride. In chunks of about min_split_keys keys taken in chunk order, all
-    // the units of a chunk read its pages one after another instead. Not when skipping far
-    // tiles: every chunk's nearest tile is computed, so a steep head that one pass would
-    // end after a few tiles would compute one per chunk (fp16 and fp32, 8 and 32 KV heads,
-    // 32768 keys, causal, key-norm bounds given: 2.4-11x slower). Measured on this
-    // project's Zen 5 guest (32 query heads, D 128, 8 and 32 KV heads, skipping off,
-    // scripts/decode-ab.sh layout 2):
-    // 32768 keys 1.46-1.86x faster on one thread, 1.17-1.50x on two; 4096 keys 0.90-1.09x
-    // (noise). BM_decode_tokens_outer: 1.3-2.6x slower than heads outermost at 32768 keys
-    // instead of 1.8-5.2x (docs/decode-history.md, thirteenth session).
-    if (w.small && interleaved && !skipping && p.k_len >= 2 * cfg::min_split_keys) {
-      w.splits = std::max(w.splits, p.k_len / cfg::min_split_keys);
+    // follow such a stride. In key chunks taken in chunk order, all the units of a chunk
+    // read its pages one after another instead. Measured on this project's Zen 5 guest (32
+    // query heads, D 128, 8 and 32 KV heads, skipping off, scripts/decode-ab.sh layout 2,
+    // chunks of 2048 keys against one pass): 32768 keys 1.46-1.86x faster on one thread,
+    // 1.17-1.50x on two; 4096 keys 0.90-1.09x (noise).
+    // A chunk spans about interleaved_chunk_bytes of K and of V (256 to 2048 keys): with
+    // 2048 keys always, long token rows (fp32 MHA, 32 KV heads of D 128: 16 KiB per token)
+    // made each unit's pass span 32 MiB. Against 2048 keys always (the same A/B, 6-10
+    // rounds, two runs at 32768 keys): MHA fp32 / fp16 / bf16 1.15-1.18x faster on one
+    // thread, 1.05-1.09x on two, 1.09-1.20x at 4096 keys; fp32 GQA-8 (1024 keys)
+    // 0.99-1.09x; half-precision GQA-8 (2 KiB per token) keeps 2048 (at 512 keys: 0.97-1.0x).
+    // Not when skipping far tiles: every chunk's nearest tile is computed, so a steep head
+    // that one pass would end after a few tiles would compute one per chunk (fp16 and fp32,
+    // 8 and 32 KV heads, 32768 keys, causal, key-norm bounds given: 2.4-11x slower).
+    if (w.small && token_bytes > 0 && !skipping && p.k_len >= 2 * cfg::min_split_keys) {
+      const index_t keys = std::clamp(cfg::interleaved_chunk_bytes / token_bytes,
+                                      cfg::min_interleaved_keys, cfg::min_split_keys);
+      w.splits = std::max(w.splits, p.k_len / keys);
       w.chunk_major = true;
     }
     // Split keys: chunk c covers keys [c * chunk, (c + 1) * chunk).
@@ -792,7 +799,7 @@ void run(int threads, const attention_problem& p, const tensor_view<const float,
   const int nthreads = resolve_threads(threads);
   const index_t grid = (p.k_len + kernel_config::block_k - 1) / kernel_config::block_k;
   const bool skipping = p.skip_far_tiles && p.slopes.enabled && grid > 1;
-  const work_plan plan = work_plan::make(p, kv.heads_interleave(), skipping);
+  const work_plan plan = work_plan::make(p, kv.heads_interleave() ? kv.token_bytes() : 0, skipping);
 
   // The calling thread's buffers, named by reference: a thread_local named inside the
   // lambdas would be each worker's own instance.

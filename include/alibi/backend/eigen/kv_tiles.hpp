@@ -213,6 +213,15 @@ struct kv_source {
     return interleaved(v) || (!blocked() && interleaved(k));
   }
 
+  /// The bytes from one token's row of a KV head to the next's, the larger of V's and (as
+  /// rows) K's: with interleaved heads, the memory a pass over n keys spans is n times this.
+  index_t token_bytes() const {
+    auto bytes = [](const auto& t) {
+      return (t.strides[2] < 0 ? -t.strides[2] : t.strides[2]) * static_cast<index_t>(sizeof(T));
+    };
+    return blocked() ? bytes(v) : std::max(bytes(v), bytes(k));
+  }
+
   /// The K (keys) or V rows of (b, hk) from key j0 on, in place (K in blocks: the blocks
   /// from the one holding j0 on).
   tile_rows<T> rows(bool keys, index_t b, index_t hk, index_t j0) const {

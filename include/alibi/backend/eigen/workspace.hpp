@@ -21,15 +21,20 @@ struct kernel_config {
   static constexpr index_t block_k = 128;  // keys per inner tile
   // Few (batch, head, query tile) items (decoding: q_len 1..16) leave threads idle, so the
   // keys are then split into chunks whose partial results are merged through their
-  // softmax states. The split depends on the shape (and on whether the KV heads interleave
-  // in memory, work_plan) only, never on the thread count, so results stay bitwise
-  // independent of the thread count.
+  // softmax states. The split depends on the shape (and, for KV heads that interleave in
+  // memory, on the bytes between a head's token rows: work_plan) only, never on the thread
+  // count, so results stay bitwise independent of the thread count.
   static constexpr index_t min_items = 16;
   // Calls with at most this many query rows (decoding, a few speculative tokens) work on
   // the query heads of a GQA group together, so that they share each K/V tile; work items
   // with at most this many valid rows go through the small-row products (small_rows.hpp).
   static constexpr index_t small_rows = 16;
   static constexpr index_t min_split_keys = 2048;
+  // Small calls over interleaved KV heads (work_plan) take key chunks spanning about this
+  // many bytes of each of K and V, of min_interleaved_keys to min_split_keys keys (at least
+  // two tiles, so that a chunk's next tile is requested while its first is computed).
+  static constexpr index_t interleaved_chunk_bytes = index_t(4) << 20;
+  static constexpr index_t min_interleaved_keys = 2 * block_k;
   static_assert(min_split_keys % block_k == 0, "key chunks must hold whole key tiles");
 };
 
