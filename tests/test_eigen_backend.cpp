@@ -2,6 +2,7 @@
 // The fused CPU backend against the double-precision oracle on the shared case list, plus
 // thread-count independence and prefill-then-decode equivalence.
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -119,13 +120,49 @@ TEST_CASE("prefill then decode with position offsets equals the full causal comp
   CHECK(done == 700);
 }
 
+namespace {
+
+/// Each case with K/V stored with the tokens outermost ((batch, seq, heads, dim) memory), head
+/// dim d, skipping off, against the oracle, on every thread count of `threads`, each result
+/// bitwise that of the first; case i draws its values from seed + i.
+void check_tokens_outermost(std::vector<case_spec> cases, index_t d, std::uint64_t seed,
+                            std::initializer_list<int> threads) {
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    case_spec& spec = cases[i];
+    spec.d = d, spec.bshd = true, spec.seed = seed + i;
+    INFO(spec.name());
+    alibi_test::case_data c(spec);
+    c.params.skip_far_tiles = false;
+    std::vector<float> first;
+    for (int n : threads) {
+      INFO("threads " << n);
+      alibi_test::padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.d, true, 1234.5f);
+      const alibi_test::comparison r = alibi_test::check_call(
+          c, [&](const alibi_test::case_data& x, const alibi::attention_params& p,
+                 const alibi::tensor_view<float, 4>& o) {
+            alibi::attention(alibi::backend::eigen{n}, x.q.view, x.k.view, x.v.view, o, p);
+            alibi::attention(alibi::backend::eigen{n}, x.q.view, x.k.view, x.v.view, out.view, p);
+          });
+      INFO(r.describe());
+      CHECK(r.ok());
+      CHECK(r.max_err <= 1e-5);
+      if (first.empty())
+        first = out.buf;
+      else
+        CHECK(std::memcmp(first.data(), out.buf.data(), first.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("small calls over KV heads that interleave in memory: the oracle, any thread count",
           "[eigen][decode][layout]") {
-  // K/V with the tokens outermost ((batch, seq, heads, dim) memory), at least 2 * 2048 keys
-  // and skipping off: a small call then works in key chunks, chunk by chunk (work_plan;
-  // 2048 keys with these short token rows). Uneven last chunks, GQA and MHA, masks and lengths; 16
-  // units (which otherwise take no split); 36865 keys (18 chunks of 2176 keys by the rounding to
-  // whole tiles: none may start past the last key).
+  // At least 2 * 2048 keys and skipping off: a small call then works in key chunks, chunk
+  // by chunk (work_plan; 2048 keys with these short token rows). Uneven last chunks, GQA
+  // and MHA, masks and lengths; 16 units (which otherwise take no split); 36865 keys (18
+  // splits of 2049 keys, rounded up to whole tiles: 2176, recounted to 17 chunks so that
+  // none starts past the last key).
   std::vector<case_spec> cases(4);
   cases[0].batch = 2, cases[0].hq = 4, cases[0].hkv = 2, cases[0].lq = 3, cases[0].lk = 4096;
   cases[0].causal = true;
@@ -134,72 +171,22 @@ TEST_CASE("small calls over KV heads that interleave in memory: the oracle, any 
   cases[2].batch = 2, cases[2].hq = 8, cases[2].hkv = 8, cases[2].lq = 1, cases[2].lk = 4096;
   cases[3].batch = 1, cases[3].hq = 4, cases[3].hkv = 2, cases[3].lq = 2, cases[3].lk = 36865;
   cases[3].causal = true;
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    case_spec& spec = cases[i];
-    spec.d = 32, spec.bshd = true, spec.seed = 40 + i;
-    INFO(spec.name());
-    alibi_test::case_data c(spec);
-    c.params.skip_far_tiles = false;
-    std::vector<float> first;
-    for (int threads : {1, 2, 3}) {
-      INFO("threads " << threads);
-      alibi_test::padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.d, true, 1234.5f);
-      const alibi_test::comparison r = alibi_test::check_call(
-          c, [&](const alibi_test::case_data& d, const alibi::attention_params& p,
-                 const alibi::tensor_view<float, 4>& o) {
-            alibi::attention(alibi::backend::eigen{threads}, d.q.view, d.k.view, d.v.view, o, p);
-            alibi::attention(alibi::backend::eigen{threads}, d.q.view, d.k.view, d.v.view, out.view,
-                             p);
-          });
-      INFO(r.describe());
-      CHECK(r.ok());
-      CHECK(r.max_err <= 1e-5);
-      if (threads == 1)
-        first = out.buf;
-      else
-        CHECK(std::memcmp(first.data(), out.buf.data(), first.size() * sizeof(float)) == 0);
-    }
-  }
+  check_tokens_outermost(cases, 32, 40, {1, 2, 3});
 }
 
 TEST_CASE(
     "small calls over interleaved KV heads with long token rows: the oracle, any thread "
     "count",
     "[eigen][decode][layout][heavy]") {
-  // Tokens outermost with 8 and 16 KV heads of 128 fp32 elements: 4 and 8 KiB from one
-  // token's row of a head to the next, so the key chunks are about 1024 and 512 keys
-  // (work_plan: 1024, and 640 with 4500 keys, the last of 20), not the 2048 of the test
-  // above.
+  // 8 and 16 KV heads of 128 fp32 elements (rows padded to 133): 4256 and 8512 bytes from
+  // one token's row of a head to the next, so the key chunks are about 985 and 492 keys
+  // (work_plan: 4 chunks of 1024, and with 5140 keys 9 chunks of 640, the last of 20), not
+  // the 2048 of the test above.
   std::vector<case_spec> cases(2);
   cases[0].batch = 1, cases[0].hq = 16, cases[0].hkv = 8, cases[0].lq = 1, cases[0].lk = 4096;
-  cases[1].batch = 1, cases[1].hq = 16, cases[1].hkv = 16, cases[1].lq = 2, cases[1].lk = 4500;
-  cases[1].causal = true, cases[1].lengths = true;
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    case_spec& spec = cases[i];
-    spec.d = 128, spec.bshd = true, spec.seed = 50 + i;
-    INFO(spec.name());
-    alibi_test::case_data c(spec);
-    c.params.skip_far_tiles = false;
-    std::vector<float> first;
-    for (int threads : {1, 2}) {
-      INFO("threads " << threads);
-      alibi_test::padded_tensor<float> out(spec.batch, spec.hq, spec.lq, spec.d, true, 1234.5f);
-      const alibi_test::comparison r = alibi_test::check_call(
-          c, [&](const alibi_test::case_data& d, const alibi::attention_params& p,
-                 const alibi::tensor_view<float, 4>& o) {
-            alibi::attention(alibi::backend::eigen{threads}, d.q.view, d.k.view, d.v.view, o, p);
-            alibi::attention(alibi::backend::eigen{threads}, d.q.view, d.k.view, d.v.view, out.view,
-                             p);
-          });
-      INFO(r.describe());
-      CHECK(r.ok());
-      CHECK(r.max_err <= 1e-5);
-      if (threads == 1)
-        first = out.buf;
-      else
-        CHECK(std::memcmp(first.data(), out.buf.data(), first.size() * sizeof(float)) == 0);
-    }
-  }
+  cases[1].batch = 1, cases[1].hq = 16, cases[1].hkv = 16, cases[1].lq = 2, cases[1].lk = 5140;
+  cases[1].causal = true, cases[1].key_mask = true;
+  check_tokens_outermost(cases, 128, 50, {1, 2});
 }
 
 TEST_CASE("the key chunks of small calls over interleaved KV heads follow the token stride",

@@ -23,9 +23,10 @@ class multi_head_attention;
 ///
 /// Why heads outermost: a decode step streams each KV head's keys and values, and with them
 /// one contiguous run per head the CPU kernel reads them faster than with the tokens
-/// outermost (each head's rows a whole token apart): 1.8-5.2x, and still 1.3-2.6x since the
+/// outermost (each head's rows a whole token apart): 1.8-5.2x, and still 1.1-2.4x since the
 /// kernel takes such memory in key chunks, measured on this project's Zen 5 guest (q_len 1,
-/// 32 query heads, D 128, 32768 keys; docs/decode-history.md, thirteenth session).
+/// 32 query heads, D 128, 32768 keys; docs/decode-history.md, thirteenth and fourteenth
+/// sessions).
 ///
 /// S is the storage type, T by default. On the CPU backends a layer of float T may keep its
 /// cache in Eigen::half or Eigen::bfloat16: half the memory, and half the bytes a decode

@@ -758,8 +758,8 @@ struct work_plan {
     // made each unit's pass span 32 MiB. Against 2048 keys always (the same A/B, 6-10
     // rounds, two runs at 32768 keys): MHA fp32 / fp16 / bf16 1.15-1.18x faster on one
     // thread, 1.05-1.09x on two, 1.09-1.20x at 4096 keys; fp32 GQA-8 (1024 keys)
-    // 0.99-1.09x; half-precision GQA-8 (2 KiB per token) keeps 2048 (at 512 keys: 0.97-1.0x).
-    // Not when skipping far tiles: every chunk's nearest tile is computed, so a steep head
+    // 0.99-1.09x; half-precision GQA-8 (2 KiB per token) keeps 2048 (at 512 keys: 1.00-1.03x,
+    // noise). Not when skipping far tiles: every chunk's nearest tile is computed, so a steep head
     // that one pass would end after a few tiles would compute one per chunk (fp16 and fp32,
     // 8 and 32 KV heads, 32768 keys, causal, key-norm bounds given: 2.4-11x slower).
     if (w.small && token_bytes > 0 && !skipping && p.k_len >= 2 * cfg::min_split_keys) {

@@ -31,10 +31,13 @@ struct kernel_config {
   static constexpr index_t small_rows = 16;
   static constexpr index_t min_split_keys = 2048;
   // Small calls over interleaved KV heads (work_plan) take key chunks spanning about this
-  // many bytes of each of K and V, of min_interleaved_keys to min_split_keys keys (at least
-  // two tiles, so that a chunk's next tile is requested while its first is computed).
+  // many bytes of each of K and V, of about min_interleaved_keys to min_split_keys keys (at
+  // least two tiles, so that a chunk's next tile is requested while its first is computed;
+  // k_len is divided evenly, then the chunk rounded up to whole tiles).
   static constexpr index_t interleaved_chunk_bytes = index_t(4) << 20;
   static constexpr index_t min_interleaved_keys = 2 * block_k;
+  static_assert(min_interleaved_keys <= min_split_keys && min_interleaved_keys % block_k == 0,
+                "interleaved key chunks: whole tiles, at most min_split_keys");
   static_assert(min_split_keys % block_k == 0, "key chunks must hold whole key tiles");
 };
 
