@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -207,8 +208,7 @@ struct kv_source {
   /// k_len rows. K in blocks is one run per head; V (and K as rows) are asked.
   bool heads_interleave() const {
     auto interleaved = [](const auto& t) {
-      const index_t rows = t.extents[2] * (t.strides[2] < 0 ? -t.strides[2] : t.strides[2]);
-      return t.extents[1] > 1 && (t.strides[1] < 0 ? -t.strides[1] : t.strides[1]) < rows;
+      return t.extents[1] > 1 && std::abs(t.strides[1]) < t.extents[2] * std::abs(t.strides[2]);
     };
     return interleaved(v) || (!blocked() && interleaved(k));
   }
@@ -216,9 +216,7 @@ struct kv_source {
   /// The bytes from one token's row of a KV head to the next's, the larger of V's and (as
   /// rows) K's: with interleaved heads, the memory a pass over n keys spans is n times this.
   index_t token_bytes() const {
-    auto bytes = [](const auto& t) {
-      return (t.strides[2] < 0 ? -t.strides[2] : t.strides[2]) * static_cast<index_t>(sizeof(T));
-    };
+    auto bytes = [](const auto& t) { return std::abs(t.strides[2]) * index_t(sizeof(T)); };
     return blocked() ? bytes(v) : std::max(bytes(v), bytes(k));
   }
 
