@@ -122,16 +122,35 @@ TEST_CASE("prefill then decode with position offsets equals the full causal comp
 
 namespace {
 
-/// Each case with K/V stored with the tokens outermost ((batch, seq, heads, dim) memory), head
-/// dim d, skipping off, against the oracle, on every thread count of `threads`, each result
-/// bitwise that of the first; case i draws its values from seed + i.
+/// The same values with each token's rows of all heads followed by as many unused (NaN)
+/// elements: rows of KV heads that interleave without making one run (as K and V of one
+/// (batch, seq, 2, heads, dim) tensor do).
+void spread_tokens(alibi_test::padded_tensor<float>& t) {
+  const alibi::tensor_view<float, 4> from = t.view;
+  const index_t b = from.extents[0], s = from.extents[2], token = 2 * from.strides[2];
+  std::vector<float> buf(static_cast<std::size_t>(b * s * token + t.guard), t.fill);
+  const alibi::tensor_view<float, 4> to = alibi::make_strided_view<float, 4>(
+      buf.data(), from.extents, {s * token, from.strides[1], token, 1});
+  t.for_each([&](float x, index_t bi, index_t h, index_t i, index_t e) { to(bi, h, i, e) = x; });
+  t.buf = std::move(buf);
+  t.view = to;
+}
+
+/// Each case with K/V stored with the tokens outermost ((batch, seq, heads, dim) memory; with
+/// `spread`, spread_tokens), head dim d, skipping off, against the oracle, on every thread
+/// count of `threads`, each result bitwise that of the first; case i draws its values from
+/// seed + i.
 void check_tokens_outermost(std::vector<case_spec> cases, index_t d, std::uint64_t seed,
-                            std::initializer_list<int> threads) {
+                            std::initializer_list<int> threads, bool spread) {
   for (std::size_t i = 0; i < cases.size(); ++i) {
     case_spec& spec = cases[i];
     spec.d = d, spec.bshd = true, spec.seed = seed + i;
-    INFO(spec.name());
+    INFO(spec.name() << (spread ? " spread" : ""));
     alibi_test::case_data c(spec);
+    if (spread) {
+      spread_tokens(c.k);
+      spread_tokens(c.v);
+    }
     c.params.skip_far_tiles = false;
     std::vector<float> first;
     for (int n : threads) {
@@ -171,7 +190,42 @@ TEST_CASE("small calls over KV heads that interleave in memory: the oracle, any 
   cases[2].batch = 2, cases[2].hq = 8, cases[2].hkv = 8, cases[2].lq = 1, cases[2].lk = 4096;
   cases[3].batch = 1, cases[3].hq = 4, cases[3].hkv = 2, cases[3].lq = 2, cases[3].lk = 36865;
   cases[3].causal = true;
-  check_tokens_outermost(cases, 32, 40, {1, 2, 3});
+  // Dense token rows: every query head of a batch entry together (all_kv_heads); spread:
+  // key chunks per KV head.
+  check_tokens_outermost(cases, 32, 40, {1, 2, 3}, false);
+  check_tokens_outermost(cases, 32, 40, {1, 2, 3}, true);
+}
+
+TEST_CASE(
+    "small calls over all KV heads together give each head the bits of its KV head's heads "
+    "alone",
+    "[eigen][decode][layout]") {
+  // 4096 keys, one batch entry, 2 KV heads: every query head together (dense token rows)
+  // and one KV head's query heads at a time (spread_tokens) both split the keys in two
+  // chunks of 2048 (work_plan), so each head computes the same tiles in the same order with
+  // the same arithmetic either way.
+  for (index_t lq : {1, 3}) {
+    case_spec spec;
+    spec.hq = 4, spec.hkv = 2, spec.lq = lq, spec.lk = 4096, spec.d = 32, spec.bshd = true;
+    spec.key_mask = lq == 3;
+    INFO(spec.name());
+    alibi_test::case_data packed(spec), spread(spec);
+    spread_tokens(spread.k);
+    spread_tokens(spread.v);
+    std::vector<std::vector<float>> outs;
+    for (alibi_test::case_data* c : {&packed, &spread}) {
+      std::vector<float> out(static_cast<std::size_t>(spec.hq * lq * spec.d));
+      std::vector<float> lse(static_cast<std::size_t>(spec.hq * lq));
+      alibi::attention_params p = c->params;
+      p.skip_far_tiles = false;
+      p.logsumexp = alibi::make_view(lse.data(), 1, spec.hq, lq);
+      alibi::attention(alibi::backend::eigen{2}, c->q.view, c->k.view, c->v.view,
+                       alibi::make_view(out.data(), 1, spec.hq, lq, spec.d), p);
+      out.insert(out.end(), lse.begin(), lse.end());
+      outs.push_back(out);
+    }
+    CHECK(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE(
@@ -186,7 +240,8 @@ TEST_CASE(
   cases[0].batch = 1, cases[0].hq = 16, cases[0].hkv = 8, cases[0].lq = 1, cases[0].lk = 4096;
   cases[1].batch = 1, cases[1].hq = 16, cases[1].hkv = 16, cases[1].lq = 2, cases[1].lk = 5140;
   cases[1].causal = true, cases[1].key_mask = true;
-  check_tokens_outermost(cases, 128, 50, {1, 2});
+  check_tokens_outermost(cases, 128, 50, {1, 2}, true);
+  check_tokens_outermost(cases, 128, 50, {1, 2}, false);
 }
 
 TEST_CASE("the key chunks of small calls over interleaved KV heads follow the token stride",
@@ -194,30 +249,73 @@ TEST_CASE("the key chunks of small calls over interleaved KV heads follow the to
   // About interleaved_chunk_bytes (4 MiB) of each head's rows per chunk, 256 to 2048 keys,
   // whole tiles; only with interleaved heads, skipping off and at least 4096 keys.
   using plan = alibi::detail::cpu::work_plan;
+  auto strided = [](index_t token_bytes) {  // rows of a KV head that are not one run
+    alibi::detail::cpu::kv_memory m;
+    m.token_bytes = token_bytes;
+    return m;
+  };
   alibi::detail::attention_problem p;
   p.batch = 1, p.q_heads = 32, p.kv_heads = 32, p.q_len = 1, p.k_len = 32768;
   p.head_dim = p.v_head_dim = 128;
-  const plan fp32_mha = plan::make(p, 32 * 128 * 4, false);  // 16 KiB: 256 keys
+  const plan fp32_mha = plan::make(p, strided(32 * 128 * 4), false);  // 16 KiB: 256 keys
   CHECK(fp32_mha.chunk_major);
+  CHECK_FALSE(fp32_mha.all_kv_heads);
+  CHECK(fp32_mha.group == 1);
   CHECK(fp32_mha.chunk == 256);
   CHECK(fp32_mha.splits == 128);
-  const plan fp16_mha = plan::make(p, 32 * 128 * 2, false);  // 8 KiB: 512 keys
+  const plan fp16_mha = plan::make(p, strided(32 * 128 * 2), false);  // 8 KiB: 512 keys
   CHECK(fp16_mha.chunk == 512);
-  const plan tiny = plan::make(p, 1 << 20, false);  // beyond 4 MiB per 256 keys: 256
+  const plan tiny = plan::make(p, strided(1 << 20), false);  // beyond 4 MiB per 256 keys: 256
   CHECK(tiny.chunk == 256);
-  CHECK(plan::make(p, 256, false).chunk == 2048);  // short rows: at most 2048 keys
-  CHECK_FALSE(plan::make(p, 0, false).chunk_major);
-  CHECK_FALSE(plan::make(p, 32 * 128 * 4, true).chunk_major);
+  CHECK(plan::make(p, strided(256), false).chunk == 2048);  // short rows: at most 2048 keys
+  CHECK_FALSE(plan::make(p, strided(0), false).chunk_major);
+  CHECK_FALSE(plan::make(p, strided(32 * 128 * 4), true).chunk_major);
   p.kv_heads = 8;
-  const plan fp32_gqa = plan::make(p, 8 * 128 * 4, false);  // 4 KiB: 1024 keys
+  const plan fp32_gqa = plan::make(p, strided(8 * 128 * 4), false);  // 4 KiB: 1024 keys
   CHECK(fp32_gqa.chunk == 1024);
   CHECK(fp32_gqa.splits == 32);
+  CHECK(fp32_gqa.group == 4);
   p.k_len = 4500;  // 4 chunks of about 1024 keys: 1152 (whole tiles), the last of 1044
-  const plan uneven = plan::make(p, 8 * 128 * 4, false);
+  const plan uneven = plan::make(p, strided(8 * 128 * 4), false);
   CHECK(uneven.chunk == 1152);
   CHECK(uneven.splits == 4);
   p.k_len = 4095;  // below 4096 keys: no chunk order
-  CHECK_FALSE(plan::make(p, 8 * 128 * 4, false).chunk_major);
+  CHECK_FALSE(plan::make(p, strided(8 * 128 * 4), false).chunk_major);
+}
+
+TEST_CASE("small calls over K/V rows of all KV heads in one run take every query head together",
+          "[eigen][layout]") {
+  // A dense (batch, seq, heads, dim) cache: a unit is all the query heads of a batch entry
+  // (all_kv_heads), in key chunks of 2048 keys while there are fewer than min_items units.
+  using plan = alibi::detail::cpu::work_plan;
+  alibi::detail::cpu::kv_memory packed;
+  packed.token_bytes = 8 * 128 * 2;
+  packed.token_rows_packed = true;
+  alibi::detail::attention_problem p;
+  p.batch = 1, p.q_heads = 32, p.kv_heads = 8, p.q_len = 1, p.k_len = 32768;
+  p.head_dim = p.v_head_dim = 128;
+  const plan one = plan::make(p, packed, false);
+  CHECK(one.all_kv_heads);
+  CHECK(one.group == 32);
+  CHECK(one.units == 1);
+  CHECK(one.chunk == 2048);
+  CHECK(one.splits == 16);
+  p.k_len = 5000;  // two chunks: 2560 keys (whole tiles), the last of 2440
+  const plan two = plan::make(p, packed, false);
+  CHECK(two.splits == 2);
+  CHECK(two.chunk == 2560);
+  p.batch = 4, p.q_len = 3, p.k_len = 32768;  // 4 units: 4 chunks each
+  const plan four = plan::make(p, packed, false);
+  CHECK(four.units == 4);
+  CHECK(four.splits == 4);
+  CHECK(four.chunk == 8192);
+  p.batch = 16;  // enough units: one pass each
+  CHECK(plan::make(p, packed, false).splits == 1);
+  CHECK_FALSE(plan::make(p, packed, true).all_kv_heads);  // skipping: one KV head per unit
+  p.k_len = 4095;
+  CHECK_FALSE(plan::make(p, packed, false).all_kv_heads);
+  p.k_len = 32768, p.q_len = alibi::detail::cpu::kernel_config::small_rows + 1;
+  CHECK_FALSE(plan::make(p, packed, false).all_kv_heads);  // not a small call
 }
 
 TEST_CASE("which K/V views count as KV heads interleaving in memory", "[eigen][layout]") {
@@ -246,4 +344,22 @@ TEST_CASE("which K/V views count as KV heads interleaving in memory", "[eigen][l
   CHECK(source{bshd, bshd}.token_bytes() == 32 * 4);
   CHECK(source{bhsd, bshd}.token_bytes() == 32 * 4);
   CHECK(source{bshd, bhsd, blocks}.token_bytes() == 8 * 4);
+  // All heads' rows of a token as one run with the next token's: dense tokens outermost,
+  // or rows padded by less than a quarter of the token stride (the test harness's 5 floats
+  // past rows of 8: (3 * 13 + 8) / 52 of each token); not K and V in one tensor (half of
+  // each token), not with the heads outermost, not K in blocks.
+  CHECK(source{bshd, bshd}.token_rows_packed());
+  const view padded = alibi::make_strided_view<const float, 4>(x, {1, 4, 60, 8}, {3200, 13, 52, 1});
+  CHECK(source{padded, padded}.token_rows_packed());
+  CHECK(source{padded, padded}.token_span(true) == 3 * 13 + 8);
+  const view kv_pairs =
+      alibi::make_strided_view<const float, 4>(x, {1, 4, 32, 8}, {2048, 8, 64, 1});
+  CHECK(source{kv_pairs, kv_pairs}.heads_interleave());
+  CHECK_FALSE(source{kv_pairs, kv_pairs}.token_rows_packed());
+  CHECK_FALSE(source{bhsd, bshd}.token_rows_packed());
+  CHECK_FALSE(source{bhsd, bshd, blocks}.token_rows_packed());
+  CHECK(source{bshd, bshd}.token_run_bytes(true, 3) == (2 * 32 + 32) * 4);
+  CHECK(source{bshd, bshd}.token_run_bytes(false, 0) == 0);
+  // Blocks of about 256 KiB of all heads' rows, 16 to 32 keys.
+  CHECK(source{bshd, bshd}.token_block_keys() == 32);
 }

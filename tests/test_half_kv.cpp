@@ -130,6 +130,87 @@ TEST_CASE("non-finite half-precision K/V values follow the contract like fp32",
   }
 }
 
+TEMPLATE_TEST_CASE(
+    "K/V with the tokens outermost, every KV head of a small call together: the oracle, any "
+    "thread count",
+    "[eigen][half][layout]", float, Eigen::half, Eigen::bfloat16) {
+  // A small call over a (batch, seq, heads, dim) cache of at least 4096 keys with skipping
+  // off takes all the query heads of a batch entry together (work_plan::all_kv_heads), in
+  // blocks of keys of all KV heads (small_tile_kv_heads).
+  std::vector<case_spec> cases(2);
+  cases[0].hq = 8, cases[0].hkv = 2, cases[0].lq = 1, cases[0].lk = 4500, cases[0].d = 64;
+  cases[1].batch = 3, cases[1].hq = 4, cases[1].hkv = 4, cases[1].lq = 3, cases[1].lk = 5000;
+  cases[1].d = 128, cases[1].causal = true, cases[1].lengths = true, cases[1].key_mask = true;
+  for (case_spec spec : cases) {
+    spec.bshd = true;
+    INFO(spec.name());
+    std::vector<float> first;
+    for (int threads : {1, 2}) {
+      std::vector<float> got;
+      const alibi_test::comparison r = alibi_test::check_stored<TestType>(
+          spec, [&](const case_data& c, const alibi::attention_params& p, auto out) {
+            alibi::attention_params dense = p;
+            dense.skip_far_tiles = false;
+            const padded_tensor<TestType> kh = converted<TestType>(c.k, spec),
+                                          vh = converted<TestType>(c.v, spec);
+            alibi::attention(alibi::backend::eigen{threads}, c.q.view,
+                             alibi::tensor_view<const TestType, 4>(kh.view),
+                             alibi::tensor_view<const TestType, 4>(vh.view), out, dense);
+            for (index_t b = 0; b < spec.batch; ++b)
+              for (index_t h = 0; h < spec.hq; ++h)
+                for (index_t i = 0; i < spec.lq; ++i)
+                  for (index_t e = 0; e < spec.d; ++e) got.push_back(out(b, h, i, e));
+          });
+      INFO("threads " << threads << ": " << r.describe());
+      CHECK(r.ok());
+      if (first.empty())
+        first = got;
+      else
+        CHECK(same_bits(got, first));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "K/V with the tokens outermost, every KV head together: a non-finite V row reaches only "
+    "the rows that attend to it",
+    "[eigen][half][layout][nonfinite]", float, Eigen::half) {
+  // A NaN in one V row of KV head 0: NaN in that element of the rows of its query heads
+  // (0 and 1), nothing else; the same as with the heads outermost (which takes one KV head
+  // at a time).
+  case_spec spec;
+  spec.hq = 4, spec.hkv = 2, spec.lq = 2, spec.lk = 4300, spec.d = 32, spec.bshd = true;
+  case_spec by_heads = spec;
+  by_heads.bshd = false;
+  case_data c(spec), h(by_heads);  // the same values, drawn in (b, h, i, e) order
+  for (case_data* x : {&c, &h}) {
+    round_to<TestType>(x->k);
+    round_to<TestType>(x->v);
+    x->v.view(0, 0, 3000, 5) = alibi_test::nan_f;
+  }
+  const padded_tensor<TestType> kc = converted<TestType>(c.k, spec),
+                                vc = converted<TestType>(c.v, spec);
+  const padded_tensor<TestType> kh = converted<TestType>(h.k, by_heads),
+                                vh = converted<TestType>(h.v, by_heads);
+  const alibi_test::out_lse tokens =
+      run_eigen(c, alibi::tensor_view<const TestType, 4>(kc.view),
+                alibi::tensor_view<const TestType, 4>(vc.view), 2, false);
+  const alibi_test::out_lse heads =
+      run_eigen(h, alibi::tensor_view<const TestType, 4>(kh.view),
+                alibi::tensor_view<const TestType, 4>(vh.view), 2, false);
+  for (index_t hq = 0; hq < spec.hq; ++hq)
+    for (index_t i = 0; i < spec.lq; ++i)
+      for (index_t e = 0; e < spec.d; ++e) {
+        const auto at = static_cast<std::size_t>((hq * spec.lq + i) * spec.d + e);
+        INFO("head " << hq << " row " << i << " element " << e);
+        CHECK(std::isnan(tokens.out[at]) == (hq < 2 && e == 5));
+        CHECK(std::isnan(heads.out[at]) == (hq < 2 && e == 5));
+        if (!std::isnan(heads.out[at])) CHECK(std::abs(tokens.out[at] - heads.out[at]) <= 1e-5f);
+      }
+  for (std::size_t r = 0; r < tokens.lse.size(); ++r)
+    CHECK(std::abs(tokens.lse[r] - heads.lse[r]) <= 1e-5f);
+}
+
 TEST_CASE("small calls: a GQA group sharing K/V tiles equals the heads computed alone",
           "[eigen][gqa]") {
   // A GQA problem against the same problem with K/V copied to every query head (groups of

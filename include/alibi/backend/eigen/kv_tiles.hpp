@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -118,6 +119,30 @@ class paced_prefetch {
     for (request_stream& s : streams_) s.plan_nothing();
   }
 
+  /// The requests of one product alone, the other's plan left as it is: the bytes [begin,
+  /// begin + bytes) as one run of lines (widened to whole lines), spread over as many ticks
+  /// as that product made in its last run; nothing when bytes is 0. For reads that go
+  /// through memory in one ascending run, block after block (the small calls that take the
+  /// rows of every KV head of a block of keys together, attention_kernel.hpp).
+  template <int Phase>
+  void plan_run(const void* begin, index_t bytes) {
+    if (bytes <= 0) {
+      streams_[Phase].plan_nothing();
+      return;
+    }
+    const auto at = reinterpret_cast<std::uintptr_t>(begin);
+    const std::uintptr_t first = at / 64 * 64;
+    const auto run =
+        static_cast<index_t>((at + static_cast<std::uintptr_t>(bytes) - first + 63) / 64 * 64);
+    streams_[Phase].plan(reinterpret_cast<const char*>(first), run, run, 1);
+  }
+
+  /// finish() for one product's requests alone.
+  template <int Phase>
+  void finish_run() {
+    streams_[Phase].finish();
+  }
+
   /// A step of one product: the next chunks of its stream.
   template <int Phase>
   ALIBI_FORCEINLINE void tick() {
@@ -218,6 +243,47 @@ struct kv_source {
   index_t token_bytes() const {
     auto bytes = [](const auto& t) { return std::abs(t.strides[2]) * index_t(sizeof(T)); };
     return blocked() ? bytes(v) : std::max(bytes(v), bytes(k));
+  }
+
+  /// With the tokens outermost, K (keys, as rows) or V: the elements from the first to the
+  /// last of one token's rows of all KV heads, and where they start at key j of batch entry b.
+  index_t token_span(bool keys) const {
+    const tensor_view<const T, 4>& t = keys ? k : v;
+    return (t.extents[1] - 1) * std::abs(t.strides[1]) + t.extents[3];
+  }
+  const T* token_rows(bool keys, index_t b, index_t j) const {
+    const tensor_view<const T, 4>& t = keys ? k : v;
+    return t.ptr(b, t.strides[1] >= 0 ? 0 : t.extents[1] - 1, j);
+  }
+
+  /// Whether the rows of every KV head of a block of keys make one run of memory, or
+  /// nearly: the tokens outermost (heads_interleave), K as rows, each token's rows of all
+  /// heads in ascending tokens and covering at least three quarters of the token stride (a
+  /// dense (batch, seq, heads, dim) tensor covers all of it; rows padded a little, most of
+  /// it; K and V of one (batch, seq, 2, heads, dim) tensor, half).
+  bool token_rows_packed() const {
+    auto packed = [](const auto& t, index_t span) {
+      return t.strides[2] > 0 && span <= t.strides[2] && 4 * span >= 3 * t.strides[2];
+    };
+    return !blocked() && heads_interleave() && packed(k, token_span(true)) &&
+           packed(v, token_span(false));
+  }
+
+  /// The keys of a block in the small calls that take every KV head together
+  /// (small_tile_kv_heads): about kernel_config::kv_heads_block_bytes of each of K and V,
+  /// 16 to 32 keys, a multiple of 4 (the small-row products go 4 keys at a time).
+  index_t token_block_keys() const {
+    using cfg = kernel_config;
+    return std::clamp(cfg::kv_heads_block_bytes / std::max<index_t>(token_bytes(), 1),
+                      cfg::min_kv_heads_block_keys, cfg::max_kv_heads_block_keys) /
+           4 * 4;
+  }
+
+  /// The bytes of the run that keys [j, j + n) of all KV heads span from token_rows(keys,
+  /// b, j) (0 for no keys).
+  index_t token_run_bytes(bool keys, index_t n) const {
+    const tensor_view<const T, 4>& t = keys ? k : v;
+    return n > 0 ? ((n - 1) * t.strides[2] + token_span(keys)) * index_t(sizeof(T)) : 0;
   }
 
   /// The K (keys) or V rows of (b, hk) from key j0 on, in place (K in blocks: the blocks

@@ -39,6 +39,13 @@ struct kernel_config {
   static_assert(min_interleaved_keys <= min_split_keys && min_interleaved_keys % block_k == 0,
                 "interleaved key chunks: whole tiles, at most min_split_keys");
   static_assert(min_split_keys % block_k == 0, "key chunks must hold whole key tiles");
+  // Small calls whose K and V rows of all KV heads of a key make one run of memory (the
+  // tokens outermost: work_plan::all_kv_heads) go through each key tile in blocks of keys
+  // spanning about this many bytes of K (or V) of all heads, of 16 to 32 keys: a block is
+  // read while the one before is computed, and stays in L2 until every head has used it.
+  static constexpr index_t kv_heads_block_bytes = index_t(256) << 10;
+  static constexpr index_t min_kv_heads_block_keys = 16, max_kv_heads_block_keys = 32;
+  static_assert(max_kv_heads_block_keys <= block_k, "blocks of keys within one key tile");
 };
 
 /// A growable array of trivially copyable T, 64-byte aligned, allocated by alibi itself.
