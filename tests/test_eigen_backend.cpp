@@ -178,10 +178,11 @@ void check_tokens_outermost(std::vector<case_spec> cases, index_t d, std::uint64
 TEST_CASE("small calls over KV heads that interleave in memory: the oracle, any thread count",
           "[eigen][decode][layout]") {
   // At least 2 * 2048 keys and skipping off: a small call then works in key chunks, chunk
-  // by chunk (work_plan; 2048 keys with these short token rows). Uneven last chunks, GQA
-  // and MHA, masks and lengths; 16 units (which otherwise take no split); 36865 keys (18
-  // splits of 2049 keys, rounded up to whole tiles: 2176, recounted to 17 chunks so that
-  // none starts past the last key).
+  // by chunk (work_plan), one KV head at a time in chunks of 2048 keys with these short
+  // token rows (spread), or every query head of a batch entry together (dense token rows).
+  // Uneven last chunks, GQA and MHA, masks and lengths; 16 units of one KV head (which
+  // otherwise take no split); 36865 keys (18 splits of 2049 keys, rounded up to whole
+  // tiles: 2176, recounted to 17 chunks so that none starts past the last key).
   std::vector<case_spec> cases(4);
   cases[0].batch = 2, cases[0].hq = 4, cases[0].hkv = 2, cases[0].lq = 3, cases[0].lk = 4096;
   cases[0].causal = true;

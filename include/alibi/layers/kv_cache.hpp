@@ -22,11 +22,12 @@ class multi_head_attention;
 /// tokens' keys and values at positions length(b).. and attends over the whole sequence.
 ///
 /// Why heads outermost: a decode step streams each KV head's keys and values, and with them
-/// one contiguous run per head the CPU kernel reads them faster than with the tokens
-/// outermost (each head's rows a whole token apart): 1.8-5.2x, and still 1.1-2.4x since the
-/// kernel takes such memory in key chunks, measured on this project's Zen 5 guest (q_len 1,
-/// 32 query heads, D 128, 32768 keys; docs/decode-history.md, thirteenth and fourteenth
-/// sessions).
+/// one contiguous run per head the CPU kernel read them 1.8-5.2x faster than with the tokens
+/// outermost (each head's rows a whole token apart) when it read such memory one KV head at
+/// a time. Since it reads the rows of all KV heads of a block of keys together, the two
+/// layouts measure within 0.87-1.09x of each other at 32768 keys, and the heads outermost is
+/// still up to 1.36x faster at 4096 (this project's Zen 5 guest, q_len 1, 32 query heads,
+/// D 128; docs/decode-history.md, thirteenth to fifteenth sessions).
 ///
 /// S is the storage type, T by default. On the CPU backends a layer of float T may keep its
 /// cache in Eigen::half or Eigen::bfloat16: half the memory, and half the bytes a decode
