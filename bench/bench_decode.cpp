@@ -27,7 +27,8 @@
 // BM_decode_tokens_outer: BM_decode_kv (skipping off) with K and V stored with the tokens
 // outermost, (1, k_len, kv_heads, 128) (FlashAttention's layout, and kv_cache's before
 // 2026-12-04), each head's rows a whole token apart, against the heads outermost of
-// BM_decode_kv: what that layout costs a step.
+// BM_decode_kv: what that layout costs a step. BM_decode_tokens_outer_skip: the same with
+// far-tile skipping on and the key norms computed by the call (BM_decode_kv's skip 1).
 // BM_decode_blocked / BM_decode_arith_blocked: the same with K in blocks of 16 keys
 // (alibi/key_blocks.hpp; a copy of the same keys).
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
@@ -331,6 +332,14 @@ void BM_decode_tokens_outer(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(3));
   with_kv_type(state.range(2),
                [&](auto type) { decode<decltype(type)>(state, lk, hkv, 0, threads, false, true); });
+}
+
+// Args: as BM_decode_tokens_outer; skipping on, the call computing the key norms (skip 1).
+void BM_decode_tokens_outer_skip(benchmark::State& state) {
+  const index_t lk = state.range(0), hkv = state.range(1);
+  const int threads = static_cast<int>(state.range(3));
+  with_kv_type(state.range(2),
+               [&](auto type) { decode<decltype(type)>(state, lk, hkv, 1, threads, false, true); });
 }
 
 /// A decode step (as decode(), skipping off) on K/V views with a key stride of 0: each KV
@@ -701,6 +710,10 @@ BENCHMARK(BM_decode_kv)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_tokens_outer)
+    ->ArgsProduct({{4096, 32768}, {32, 8}, {0, 1, 2}, {1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_tokens_outer_skip)
     ->ArgsProduct({{4096, 32768}, {32, 8}, {0, 1, 2}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

@@ -211,6 +211,44 @@ TEMPLATE_TEST_CASE(
     CHECK(std::abs(tokens.lse[r] - heads.lse[r]) <= 1e-5f);
 }
 
+TEMPLATE_TEST_CASE(
+    "far-tile skipping with the key norms computed by the call: the tokens outermost give the "
+    "bits and tile counts of the heads outermost",
+    "[eigen][half][layout][skip]", float, Eigen::half) {
+  // With K's heads interleaved the call sums the key norms a key tile at a time for every
+  // KV head (compute_key_norms); the norms, hence the bounds, the tiles skipped and the
+  // results, are those of a pass one KV head at a time over the same values.
+  std::vector<case_spec> cases(2);
+  cases[0].hq = 8, cases[0].hkv = 2, cases[0].lq = 1, cases[0].lk = 6000, cases[0].d = 64;
+  cases[0].causal = true;
+  cases[1].batch = 2, cases[1].hq = 4, cases[1].hkv = 4, cases[1].lq = 40, cases[1].lk = 3000;
+  cases[1].d = 32, cases[1].causal = true, cases[1].key_mask = true, cases[1].lengths = true;
+  for (const case_spec& spec : cases) {
+    INFO(spec.name());
+    std::vector<alibi_test::out_lse> runs;
+    std::vector<alibi::attention_stats> stats;
+    for (bool bshd : {false, true}) {
+      case_spec s = spec;
+      s.bshd = bshd;
+      case_data c(s);  // the same values either way, drawn in (b, h, i, e) order
+      round_to<TestType>(c.k);
+      round_to<TestType>(c.v);
+      alibi::attention_stats st;
+      c.params.stats = &st;
+      const padded_tensor<TestType> kh = converted<TestType>(c.k, s),
+                                    vh = converted<TestType>(c.v, s);
+      runs.push_back(run_eigen(c, alibi::tensor_view<const TestType, 4>(kh.view),
+                               alibi::tensor_view<const TestType, 4>(vh.view), 2, true));
+      stats.push_back(st);
+    }
+    CHECK(stats[0].tiles_skipped > 0);
+    CHECK(stats[1].tiles_skipped == stats[0].tiles_skipped);
+    CHECK(stats[1].tiles_computed == stats[0].tiles_computed);
+    CHECK(same_bits(runs[1].out, runs[0].out));
+    CHECK(same_bits(runs[1].lse, runs[0].lse));
+  }
+}
+
 TEST_CASE("small calls: a GQA group sharing K/V tiles equals the heads computed alone",
           "[eigen][gqa]") {
   // A GQA problem against the same problem with K/V copied to every query head (groups of

@@ -819,20 +819,49 @@ template <class T>
 void compute_key_norms(int threads, const attention_problem& p, const kv_source<T>& kv,
                        index_t grid, float* prefix, float* suffix) {
   constexpr index_t bk = kernel_config::block_k;
+  // Only keys some row can reach: the rows' key ranges are monotone, so their union is
+  // [range of row 0).begin, (range of the last row).end).
+  auto reachable = [&](index_t b) {
+    const index_t lq = p.len_q(b);
+    return index_range{lq > 0 ? p.key_range(b, 0).begin : 0,
+                       lq > 0 ? p.key_range(b, lq - 1).end : 0};
+  };
+  auto excluded = [&](index_t b) { return [&p, b](index_t j) { return p.key_excluded(b, j); }; };
+  // K with the tokens outermost: a key tile at a time for every KV head, each token's rows
+  // of all heads one after the other, so that the pass reads K in ascending addresses. One
+  // KV head at a time, it read a few lines of every token's row: a decode step with
+  // skipping on then took longer than without (fp16 GQA-8, 32768 keys, one thread: 8.0 ms
+  // against 7.1 without skipping and 2.6 with the heads outermost). The same norms, so the
+  // same bounds (a maximum does not depend on the order; NaN stays NaN).
+  const bool by_tokens = !p.key_norm_bounds.data && kv.keys_interleave();
+  if (by_tokens)
+    parallel_for(threads, p.batch * grid, [&](index_t bt) {
+      const index_t b = bt / grid, t = bt % grid;
+      const index_range reach = reachable(b);
+      thread_local std::vector<float> worst;
+      worst.assign(static_cast<std::size_t>(p.kv_heads), 0.0f);
+      const auto is_excluded = excluded(b);
+      for (index_t j = std::max(reach.begin, t * bk); j < std::min(reach.end, (t + 1) * bk); ++j)
+        if (!is_excluded(j))
+          for (index_t hk = 0; hk < p.kv_heads; ++hk)
+            worst.data()[hk] = max_keep_nan(worst.data()[hk], kv.key_squared_norm(b, hk, j));
+      for (index_t hk = 0; hk < p.kv_heads; ++hk)
+        prefix[(b * p.kv_heads + hk) * grid + t] =
+            key_norm_bound(worst.data()[hk], kv.k.extents[3]);
+    });
   parallel_for(threads, p.batch * p.kv_heads, [&](index_t bh) {
-    const index_t b = bh / p.kv_heads, hk = bh % p.kv_heads, lq = p.len_q(b);
+    const index_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
     float* pre = prefix + bh * grid;
     float* suf = suffix + bh * grid;
-    // Only keys some row can reach: the rows' key ranges are monotone, so their union is
-    // [range of row 0).begin, (range of the last row).end).
-    const index_t lo = lq > 0 ? p.key_range(b, 0).begin : 0;
-    const index_t hi = lq > 0 ? p.key_range(b, lq - 1).end : 0;
+    const index_range reach = reachable(b);
     if (p.key_norm_bounds.data) {  // the caller's bounds
       for (index_t t = 0; t < grid; ++t) pre[t] = suf[t] = p.key_norm_bounds(b, hk, t);
+    } else if (by_tokens) {
+      std::copy(pre, pre + grid, suf);
     } else {
       for (index_t t = 0; t < grid; ++t)  // NaN disables skipping
-        pre[t] = suf[t] = kv.norm_bound(b, hk, std::max(lo, t * bk), std::min(hi, (t + 1) * bk),
-                                        [&](index_t j) { return p.key_excluded(b, j); });
+        pre[t] = suf[t] = kv.norm_bound(b, hk, std::max(reach.begin, t * bk),
+                                        std::min(reach.end, (t + 1) * bk), excluded(b));
     }
     for (index_t t = 1; t < grid; ++t) pre[t] = max_keep_nan(pre[t - 1], pre[t]);
     for (index_t t = grid - 2; t >= 0; --t) suf[t] = max_keep_nan(suf[t + 1], suf[t]);

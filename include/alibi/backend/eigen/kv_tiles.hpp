@@ -228,15 +228,18 @@ struct kv_source {
 
   bool blocked() const { return holds_key_blocks(kb); }
 
+  /// Whether the heads of t interleave: two or more, a head's stride shorter than its rows.
+  static bool interleaved(const tensor_view<const T, 4>& t) {
+    return t.extents[1] > 1 && std::abs(t.strides[1]) < t.extents[2] * std::abs(t.strides[2]);
+  }
+
   /// Whether the KV heads' rows interleave in memory (the tokens outermost, as in
   /// (batch, seq, heads, dim) memory): two heads or more, a head's stride shorter than its
   /// k_len rows. K in blocks is one run per head; V (and K as rows) are asked.
-  bool heads_interleave() const {
-    auto interleaved = [](const auto& t) {
-      return t.extents[1] > 1 && std::abs(t.strides[1]) < t.extents[2] * std::abs(t.strides[2]);
-    };
-    return interleaved(v) || (!blocked() && interleaved(k));
-  }
+  bool heads_interleave() const { return interleaved(v) || keys_interleave(); }
+
+  /// Whether K's rows (as rows, not in blocks) interleave so.
+  bool keys_interleave() const { return !blocked() && interleaved(k); }
 
   /// The bytes from one token's row of a KV head to the next's, the larger of V's and (as
   /// rows) K's: with interleaved heads, the memory a pass over n keys spans is n times this.
