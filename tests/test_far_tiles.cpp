@@ -139,6 +139,22 @@ TEST_CASE("far-tile skipping with the caller's key-norm bounds", "[skip]") {
     std::vector<float> bounds(static_cast<std::size_t>(s.batch * s.hkv * blocks));
     const auto bv = alibi::make_view(bounds.data(), s.batch, s.hkv, blocks);
     alibi::key_norm_bounds(alibi::tensor_view<const float, 4>(c.k.view), bv);
+    {  // The same keys with the tokens outermost: the same bounds, all or from a key on.
+      case_spec t = s;
+      t.bshd = true;
+      const case_data ct(t);  // the same values, drawn in (b, h, i, e) order
+      const alibi::tensor_view<const float, 4> kt(ct.k.view);
+      std::vector<float> tb(bounds.size(), -1.0f);
+      const auto tv = alibi::make_view(tb.data(), s.batch, s.hkv, blocks);
+      alibi::key_norm_bounds(kt, tv);
+      CHECK(tb == bounds);
+      std::fill(tb.begin(), tb.end(), -1.0f);
+      alibi::key_norm_bounds(kt, tv, 1000);  // blocks 7.. of each (b, head)
+      for (index_t x = 0; x < s.batch * s.hkv * blocks; ++x)
+        CHECK(tb[static_cast<std::size_t>(x)] == (x % blocks < 1000 / alibi::key_norm_block
+                                                      ? -1.0f
+                                                      : bounds[static_cast<std::size_t>(x)]));
+    }
     const skip_run own = run_case(c, true);
     c.params.key_norm_bounds = bv;
     const skip_run given = run_case(c, true);

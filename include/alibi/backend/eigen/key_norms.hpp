@@ -35,12 +35,23 @@ void key_norm_bounds(const tensor_view<const T, 4>& k, const tensor_view<float, 
   if (k.data == nullptr || bounds.data == nullptr)
     detail::raise(error("alibi::key_norm_bounds: k.data and bounds.data must not be null"));
   const detail::cpu::kv_source<T> src{k, k};
-  for (index_t b = 0; b < B; ++b)
-    for (index_t h = 0; h < H; ++h)
-      for (index_t t = first_key / key_norm_block; t < blocks; ++t)
-        bounds(b, h, t) =
-            src.norm_bound(b, h, t * key_norm_block, std::min(L, (t + 1) * key_norm_block),
-                           [](index_t) { return false; });
+  auto block = [&](index_t b, index_t h, index_t t) {
+    bounds(b, h, t) =
+        src.norm_bound(b, h, t * key_norm_block, std::min(L, (t + 1) * key_norm_block),
+                       [](index_t) { return false; });
+  };
+  // With the tokens outermost, a block at a time for every head, so that the reads stay
+  // within one block's token rows (the same values in another order).
+  const index_t t0 = first_key / key_norm_block;
+  for (index_t b = 0; b < B; ++b) {
+    if (src.keys_interleave()) {
+      for (index_t t = t0; t < blocks; ++t)
+        for (index_t h = 0; h < H; ++h) block(b, h, t);
+    } else {
+      for (index_t h = 0; h < H; ++h)
+        for (index_t t = t0; t < blocks; ++t) block(b, h, t);
+    }
+  }
 }
 
 }  // namespace alibi
