@@ -428,6 +428,29 @@ inline workspace* small_workspaces(index_t heads) {
   return w.data();
 }
 
+/// The step of a small call's tile between its two products: each head that meets the tile
+/// (hp.meets) turns its dot products into scores (finish_score_tile) and takes its
+/// online-softmax step, its accumulated output rescaled; its probability rows go to p_rows
+/// and its output rows (ws.o, leading dimension ldo) to o_rows, head after head, for P V.
+inline void softmax_heads(std::vector<head_pass>& heads, index_t ldo, index_t dv,
+                          std::vector<const float*>& p_rows, std::vector<float*>& o_rows) {
+  p_rows.clear();
+  o_rows.clear();
+  for (head_pass& hp : heads) {
+    if (!hp.meets) continue;
+    ++hp.tiles_done;
+    workspace& ws = *hp.ws;
+    finish_score_tile(hp.it, hp.tile, ws);
+    const bool rescale = softmax_tile(hp.tile, ws);
+    for (index_t t = 0; t < hp.tile.m; ++t) {
+      float* o = ws.o.data() + (hp.tile.ra + t) * ldo;
+      if (rescale) Eigen::Map<Eigen::RowVectorXf>(o, dv) *= ws.alpha[hp.tile.ra + t];
+      p_rows.push_back(ws.s.data() + t * hp.tile.lds);
+      o_rows.push_back(o);
+    }
+  }
+}
+
 /// One key tile for the heads of a small call, whose rows all go through one pass of the
 /// small-row products (small_rows.hpp): each K and V row of the tile is read once for all
 /// the heads' rows. Each head's scores are row-major in its workspace (ws.s), its output
@@ -463,21 +486,7 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
   else
     small_scores(in_rows.data(), rows, k.data, k.ld, bk, d, out_rows.data(), pace);
 
-  in_rows.clear();
-  out_rows.clear();
-  for (head_pass& hp : heads) {
-    if (!hp.meets) continue;
-    ++hp.tiles_done;
-    workspace& ws = *hp.ws;
-    finish_score_tile(hp.it, hp.tile, ws);
-    const bool rescale = softmax_tile(hp.tile, ws);
-    for (index_t t = 0; t < hp.tile.m; ++t) {
-      float* o = ws.o.data() + (hp.tile.ra + t) * ldo;
-      if (rescale) Eigen::Map<Eigen::RowVectorXf>(o, dv) *= ws.alpha[hp.tile.ra + t];
-      in_rows.push_back(ws.s.data() + t * hp.tile.lds);
-      out_rows.push_back(o);
-    }
-  }
+  softmax_heads(heads, ldo, dv, in_rows, out_rows);
   small_pv(in_rows.data(), rows, v.data, v.ld, bk, dv, first->ws->bad.data(), first->ws->bad_count,
            out_rows.data(), [&]() { ahead.tick<paced_prefetch::values_phase>(); });
   for (head_pass& hp : heads) {
@@ -561,21 +570,7 @@ void small_tile_kv_heads(std::vector<head_pass>& heads, bool head_pass::*done,
     ahead.finish_run<paced_prefetch::keys_phase>();
   }
 
-  in_rows.clear();
-  out_rows.clear();
-  for (head_pass& hp : heads) {
-    if (!hp.meets) continue;
-    ++hp.tiles_done;
-    workspace& ws = *hp.ws;
-    finish_score_tile(hp.it, hp.tile, ws);
-    const bool rescale = softmax_tile(hp.tile, ws);
-    for (index_t t = 0; t < hp.tile.m; ++t) {
-      float* o = ws.o.data() + (hp.tile.ra + t) * ldo;
-      if (rescale) Eigen::Map<Eigen::RowVectorXf>(o, dv) *= ws.alpha[hp.tile.ra + t];
-      in_rows.push_back(ws.s.data() + t * hp.tile.lds);
-      out_rows.push_back(o);
-    }
-  }
+  softmax_heads(heads, ldo, dv, in_rows, out_rows);
   // The keys left out of P V (those the key mask excludes) are the same for every head.
   const index_t* bad = first->ws->bad.data();
   const index_t nbad = first->ws->bad_count;
