@@ -201,13 +201,15 @@ TEST_CASE(
     "small calls over all KV heads together give each head the bits of its KV head's heads "
     "alone",
     "[eigen][decode][layout]") {
-  // 4096 keys, one batch entry, 2 KV heads: every query head together (dense token rows)
-  // and one KV head's query heads at a time (spread_tokens) both split the keys in two
-  // chunks of 2048 (work_plan), so each head computes the same tiles in the same order with
-  // the same arithmetic either way.
+  // 4096 keys, one batch entry, 8 KV heads of D 120 (rows padded to 128 floats): every
+  // query head together (dense token rows) and one KV head's query heads at a time
+  // (spread_tokens: 8192 bytes from a head's token row to the next) both split the keys in
+  // 8 chunks of 512 (work_plan), so each head computes the same tiles in the same order
+  // with the same arithmetic either way.
   for (index_t lq : {1, 3}) {
     case_spec spec;
-    spec.hq = 4, spec.hkv = 2, spec.lq = lq, spec.lk = 4096, spec.d = 32, spec.bshd = true;
+    spec.hq = 16, spec.hkv = 8, spec.lq = lq, spec.lk = 4096, spec.d = 120, spec.bshd = true;
+    spec.aligned = true;
     spec.key_mask = lq == 3;
     INFO(spec.name());
     alibi_test::case_data packed(spec), spread(spec);
@@ -287,7 +289,8 @@ TEST_CASE("the key chunks of small calls over interleaved KV heads follow the to
 TEST_CASE("small calls over K/V rows of all KV heads in one run take every query head together",
           "[eigen][layout]") {
   // A dense (batch, seq, heads, dim) cache: a unit is all the query heads of a batch entry
-  // (all_kv_heads), in key chunks of 2048 keys while there are fewer than min_items units.
+  // (all_kv_heads); while there are fewer than min_items units, each takes about
+  // min_items / units key chunks of at least 512 keys (whole tiles).
   using plan = alibi::detail::cpu::work_plan;
   alibi::detail::cpu::kv_memory packed;
   packed.token_bytes = 8 * 128 * 2;
@@ -301,10 +304,14 @@ TEST_CASE("small calls over K/V rows of all KV heads in one run take every query
   CHECK(one.units == 1);
   CHECK(one.chunk == 2048);
   CHECK(one.splits == 16);
-  p.k_len = 5000;  // two chunks: 2560 keys (whole tiles), the last of 2440
-  const plan two = plan::make(p, packed, false);
-  CHECK(two.splits == 2);
-  CHECK(two.chunk == 2560);
+  p.k_len = 4096;  // 8 chunks of 512 keys (min_kv_heads_chunk_keys)
+  const plan short_cache = plan::make(p, packed, false);
+  CHECK(short_cache.splits == 8);
+  CHECK(short_cache.chunk == 512);
+  p.k_len = 5000;  // 9 chunks of 556 keys, rounded up to whole tiles: 8 of 640, the last of 520
+  const plan uneven = plan::make(p, packed, false);
+  CHECK(uneven.splits == 8);
+  CHECK(uneven.chunk == 640);
   p.batch = 4, p.q_len = 3, p.k_len = 32768;  // 4 units: 4 chunks each
   const plan four = plan::make(p, packed, false);
   CHECK(four.units == 4);
@@ -361,6 +368,17 @@ TEST_CASE("which K/V views count as KV heads interleaving in memory", "[eigen][l
   CHECK_FALSE(source{bhsd, bshd, blocks}.token_rows_packed());
   CHECK(source{bshd, bshd}.token_run_bytes(true, 3) == (2 * 32 + 32) * 4);
   CHECK(source{bshd, bshd}.token_run_bytes(false, 0) == 0);
-  // Blocks of about 256 KiB of all heads' rows, 16 to 32 keys.
+  // Blocks of 16 to 32 keys, at most about 256 KiB of all heads' rows.
   CHECK(source{bshd, bshd}.token_block_keys() == 32);
+  // What a call's plan makes of them (4096 keys, one query row).
+  alibi::detail::attention_problem p;
+  p.batch = 1, p.q_heads = 4, p.kv_heads = 4, p.q_len = 1, p.k_len = 4096, p.head_dim = 8;
+  p.v_head_dim = 8;
+  using alibi::detail::cpu::kv_memory;
+  using alibi::detail::cpu::work_plan;
+  CHECK(work_plan::make(p, kv_memory::of(source{padded, padded}), false).all_kv_heads);
+  const work_plan pairs = work_plan::make(p, kv_memory::of(source{kv_pairs, kv_pairs}), false);
+  CHECK_FALSE(pairs.all_kv_heads);
+  CHECK(pairs.chunk_major);
+  CHECK_FALSE(work_plan::make(p, kv_memory::of(source{bhsd, bhsd}), false).chunk_major);
 }

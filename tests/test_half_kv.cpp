@@ -130,20 +130,45 @@ TEST_CASE("non-finite half-precision K/V values follow the contract like fp32",
   }
 }
 
+namespace {
+
+/// t with the same logical values and its heads stored in the reverse order: the view starts
+/// at the last head's memory and its head stride is negated.
+template <class T>
+void reverse_heads(padded_tensor<T>& t) {
+  std::vector<T> buf(t.buf.size(), t.fill);
+  alibi::tensor_view<T, 4> to = t.view;
+  to.data = buf.data() + (t.view.data - t.buf.data()) + (t.view.extents[1] - 1) * t.view.strides[1];
+  to.strides[1] = -t.view.strides[1];
+  t.for_each([&](T x, index_t b, index_t h, index_t i, index_t e) { to(b, h, i, e) = x; });
+  t.buf = std::move(buf);
+  t.view = to;
+}
+
+}  // namespace
+
 TEMPLATE_TEST_CASE(
     "K/V with the tokens outermost, every KV head of a small call together: the oracle, any "
     "thread count",
     "[eigen][half][layout]", float, Eigen::half, Eigen::bfloat16) {
   // A small call over a (batch, seq, heads, dim) cache of at least 4096 keys with skipping
   // off takes all the query heads of a batch entry together (work_plan::all_kv_heads), in
-  // blocks of keys of all KV heads (small_tile_kv_heads).
-  std::vector<case_spec> cases(2);
+  // blocks of keys of all KV heads (small_tile_kv_heads). GQA and MHA, masks and lengths,
+  // the most rows a small call has (16) with a head dim of no whole packet count (40), and
+  // the heads stored in reverse order (a negative head stride).
+  std::vector<case_spec> cases(4);
   cases[0].hq = 8, cases[0].hkv = 2, cases[0].lq = 1, cases[0].lk = 4500, cases[0].d = 64;
   cases[1].batch = 3, cases[1].hq = 4, cases[1].hkv = 4, cases[1].lq = 3, cases[1].lk = 5000;
   cases[1].d = 128, cases[1].causal = true, cases[1].lengths = true, cases[1].key_mask = true;
-  for (case_spec spec : cases) {
+  cases[2].hq = 6, cases[2].hkv = 3, cases[2].lq = 16, cases[2].lk = 4200, cases[2].d = 40;
+  cases[2].causal = true, cases[2].window_left = 3000;
+  cases[3] = cases[0];
+  cases[3].seed = 7;  // reversed heads
+  for (std::size_t n = 0; n < cases.size(); ++n) {
+    case_spec spec = cases[n];
     spec.bshd = true;
-    INFO(spec.name());
+    const bool reversed = n == 3;
+    INFO(spec.name() << (reversed ? " heads reversed" : ""));
     std::vector<float> first;
     for (int threads : {1, 2}) {
       std::vector<float> got;
@@ -151,8 +176,12 @@ TEMPLATE_TEST_CASE(
           spec, [&](const case_data& c, const alibi::attention_params& p, auto out) {
             alibi::attention_params dense = p;
             dense.skip_far_tiles = false;
-            const padded_tensor<TestType> kh = converted<TestType>(c.k, spec),
-                                          vh = converted<TestType>(c.v, spec);
+            padded_tensor<TestType> kh = converted<TestType>(c.k, spec),
+                                    vh = converted<TestType>(c.v, spec);
+            if (reversed) {
+              reverse_heads(kh);
+              reverse_heads(vh);
+            }
             alibi::attention(alibi::backend::eigen{threads}, c.q.view,
                              alibi::tensor_view<const TestType, 4>(kh.view),
                              alibi::tensor_view<const TestType, 4>(vh.view), out, dense);

@@ -644,6 +644,8 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
     const index_t n_keys = std::min(bk, it0.ue - j0);
     if constexpr (Small) {
       if (several_kv_heads) {
+        // work_plan::all_kv_heads: skipping off (norms are one KV head's), never careful.
+        ALIBI_ASSERT(norms.prefix == nullptr && !careful);
         const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(d)),
                              kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(dv))};
         small_tile_kv_heads(heads, done, q, kv, unread, j0, next_j0, ldo, ahead);
@@ -824,10 +826,11 @@ void compute_key_norms(int threads, const attention_problem& p, const kv_source<
   auto excluded = [&](index_t b) { return [&p, b](index_t j) { return p.key_excluded(b, j); }; };
   // K with the tokens outermost: a key tile at a time for every KV head, each token's rows
   // of all heads one after the other, so that the pass reads K in ascending addresses. One
-  // KV head at a time, it read a few lines of every token's row: a decode step with
-  // skipping on then took longer than without (fp16 GQA-8, 32768 keys, one thread: 8.0 ms
-  // against 7.1 without skipping and 2.6 with the heads outermost). The same norms, so the
-  // same bounds (a maximum does not depend on the order; NaN stays NaN).
+  // KV head at a time, it read a few lines of every token's row, and a decode step with
+  // skipping on took 1.9-3.8x the heads-outermost one (32768 keys; fp16 GQA-8 on one thread
+  // 7.52 ms against 3.47, longer than without skipping); now 0.86-1.21x
+  // (bench/results/decode-2026-12-05-epyc, skipnorm_old.log and skipnorm_new.log). The same
+  // norms, so the same bounds (a maximum does not depend on the order; NaN stays NaN).
   const bool by_tokens = !p.key_norm_bounds.data && kv.keys_interleave();
   if (by_tokens)
     parallel_for(threads, p.batch * grid, [&](index_t bt) {
@@ -926,11 +929,13 @@ struct work_plan {
     // When the rows of all KV heads of a key make one run of memory with the next key's (a
     // dense (batch, seq, heads, dim) cache), a unit holds all the query heads of a batch
     // entry instead, and reads each key tile's K and V rows of all heads as two ascending
-    // runs (small_tile_kv_heads); the keys split as for any small call with few units.
-    // Measured on the Zen 5 guest against the key chunks per KV head below (32 query heads,
-    // D 128, skipping off, scripts/decode-ab.sh layout 2, 6-10 rounds): 32768 keys, half
-    // precision 1.44-1.52x faster on one thread and 1.74-1.96x on two, fp32 GQA-8 1.23x and
-    // 1.55x, fp32 MHA 1.02x and 1.31x; 4096 keys 0.99-1.71x.
+    // runs (small_tile_kv_heads). While there are fewer than min_items batch entries, each
+    // splits its keys into about min_items / entries chunks (as the other small calls reach
+    // min_items units) of at least min_kv_heads_chunk_keys keys. Measured on the Zen 5 guest
+    // against the key chunks per KV head below (32 query heads, D 128, skipping off,
+    // scripts/decode-ab.sh layout 2, 6-10 rounds): 32768 keys, half precision 1.44-1.52x faster on
+    // one thread and 1.74-1.96x on two, fp32 GQA-8 1.23x and 1.55x, fp32 MHA 1.02x and 1.31x; 4096
+    // keys 0.99-1.71x.
     if (w.small && mem.token_bytes > 0 && !skipping && p.k_len >= 2 * cfg::min_split_keys) {
       w.chunk_major = true;
       if (mem.token_rows_packed) {
@@ -938,7 +943,7 @@ struct work_plan {
         w.group = p.q_heads;
         w.units = w.items / w.group;
         w.splits = w.units < cfg::min_items ? std::min((cfg::min_items + w.units - 1) / w.units,
-                                                       p.k_len / cfg::min_split_keys)
+                                                       p.k_len / cfg::min_kv_heads_chunk_keys)
                                             : 1;
       } else {
         const index_t keys = std::clamp(cfg::interleaved_chunk_bytes / mem.token_bytes,

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include <Eigen/Core>
@@ -120,7 +121,8 @@ ALIBI_FORCEINLINE void store_with_tails(const float* sums, const float* const* q
   for (int t = 0; t < R; ++t)
     for (int u = 0; u < J; ++u) {
       float tail = 0.0f;
-      for (index_t e = dp; e < d; ++e) tail += q[t][e] * static_cast<float>(k[u][e]);
+      // std::fma: the same operations in every instantiation (see pv_rows' tail).
+      for (index_t e = dp; e < d; ++e) tail = std::fma(q[t][e], static_cast<float>(k[u][e]), tail);
       s[t][j + u] = sums[t * J + u] + tail;
     }
 }
@@ -510,10 +512,14 @@ void pv_rows(const float* const* p, const T* v, index_t ldv, index_t jb, index_t
   const index_t dp = dv / lanes * lanes;
   index_t e = 0;
   pv_blocks<R, C>(p, v, ldv, jb, je, dp, o, e, pace);
+  // The scalar tail through std::fma: a compiler may contract a += p * v into one FMA in
+  // one instantiation of this function and not in another (measured: GCC 12, the tail of
+  // D 120 differed between two callers), and a row's result must not depend on its caller.
   for (int t = 0; t < R; ++t)
     for (e = dp; e < dv; ++e) {
       float a = o[t][e];
-      for (index_t j = jb; j < je; ++j) a += p[t][j] * static_cast<float>(v[j * ldv + e]);
+      for (index_t j = jb; j < je; ++j)
+        a = std::fma(p[t][j], static_cast<float>(v[j * ldv + e]), a);
       o[t][e] = a;
     }
 }

@@ -22,8 +22,8 @@ struct kernel_config {
   // Few (batch, head, query tile) items (decoding: q_len 1..16) leave threads idle, so the
   // keys are then split into chunks whose partial results are merged through their
   // softmax states. The split depends on the shape (and, for KV heads that interleave in
-  // memory, on the bytes between a head's token rows: work_plan) only, never on the thread
-  // count, so results stay bitwise independent of the thread count.
+  // memory, on the K/V strides: work_plan) only, never on the thread count, so results stay
+  // bitwise independent of the thread count.
   static constexpr index_t min_items = 16;
   // Calls with at most this many query rows (decoding, a few speculative tokens) work on
   // the query heads of a GQA group together, so that they share each K/V tile; work items
@@ -40,12 +40,17 @@ struct kernel_config {
                 "interleaved key chunks: whole tiles, at most min_split_keys");
   static_assert(min_split_keys % block_k == 0, "key chunks must hold whole key tiles");
   // Small calls whose K and V rows of all KV heads of a key make one run of memory (the
-  // tokens outermost: work_plan::all_kv_heads) go through each key tile in blocks of keys
-  // spanning about this many bytes of K (or V) of all heads, of 16 to 32 keys: a block is
+  // tokens outermost: work_plan::all_kv_heads) go through each key tile in blocks of 16 to
+  // 32 keys spanning at most about this many bytes of K (or V) of all heads: a block is
   // read while the one before is computed, and stays in L2 until every head has used it.
   static constexpr index_t kv_heads_block_bytes = index_t(256) << 10;
   static constexpr index_t min_kv_heads_block_keys = 16, max_kv_heads_block_keys = 32;
   static_assert(max_kv_heads_block_keys <= block_k, "blocks of keys within one key tile");
+  // Their key chunks (while a call has fewer than min_items batch entries) hold at least
+  // this many keys: at 4096 keys 8 chunks per sequence, work for more cores than two, at
+  // some cost on two (this project's Zen 5 guest, against 2 chunks: fp16 GQA-8 1.07x slower
+  // on one thread, 0.98x on two; chunks of 256 keys, 16 of them: 1.0-1.15x slower).
+  static constexpr index_t min_kv_heads_chunk_keys = 4 * block_k;
 };
 
 /// A growable array of trivially copyable T, 64-byte aligned, allocated by alibi itself.
