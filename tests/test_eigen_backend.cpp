@@ -201,14 +201,14 @@ TEST_CASE(
     "small calls over all KV heads together give each head the bits of its KV head's heads "
     "alone",
     "[eigen][decode][layout]") {
-  // 4096 keys, one batch entry, 8 KV heads of D 120 (rows padded to 128 floats): every
-  // query head together (dense token rows) and one KV head's query heads at a time
-  // (spread_tokens: 8192 bytes from a head's token row to the next) both split the keys in
-  // 8 chunks of 512 (work_plan), so each head computes the same tiles in the same order
-  // with the same arithmetic either way.
+  // 4096 keys, one batch entry, 8 KV heads of D 122 (rows padded to 130 floats; a scalar
+  // tail with any packet width): every query head together (dense token rows) and one KV
+  // head's query heads at a time (spread_tokens: 8320 bytes from a head's token row to the
+  // next, chunks of about 504 keys) both split the keys in 8 chunks of 512 (work_plan), so
+  // each head computes the same tiles in the same order with the same arithmetic either way.
   for (index_t lq : {1, 3}) {
     case_spec spec;
-    spec.hq = 16, spec.hkv = 8, spec.lq = lq, spec.lk = 4096, spec.d = 120, spec.bshd = true;
+    spec.hq = 16, spec.hkv = 8, spec.lq = lq, spec.lk = 4096, spec.d = 122, spec.bshd = true;
     spec.aligned = true;
     spec.key_mask = lq == 3;
     INFO(spec.name());
@@ -368,7 +368,7 @@ TEST_CASE("which K/V views count as KV heads interleaving in memory", "[eigen][l
   CHECK_FALSE(source{bhsd, bshd, blocks}.token_rows_packed());
   CHECK(source{bshd, bshd}.token_run_bytes(true, 3) == (2 * 32 + 32) * 4);
   CHECK(source{bshd, bshd}.token_run_bytes(false, 0) == 0);
-  // Blocks of 16 to 32 keys, at most about 256 KiB of all heads' rows.
+  // Blocks of about 256 KiB of all heads' rows, clamped to 16 to 32 keys.
   CHECK(source{bshd, bshd}.token_block_keys() == 32);
   // What a call's plan makes of them (4096 keys, one query row).
   alibi::detail::attention_problem p;

@@ -154,13 +154,14 @@ TEMPLATE_TEST_CASE(
   // A small call over a (batch, seq, heads, dim) cache of at least 4096 keys with skipping
   // off takes all the query heads of a batch entry together (work_plan::all_kv_heads), in
   // blocks of keys of all KV heads (small_tile_kv_heads). GQA and MHA, masks and lengths,
-  // the most rows a small call has (16) with a head dim of no whole packet count (40), and
+  // the most rows a small call has (16) with a head dim of no whole packet count (42: a
+  // scalar tail with any packet width), and
   // the heads stored in reverse order (a negative head stride).
   std::vector<case_spec> cases(4);
   cases[0].hq = 8, cases[0].hkv = 2, cases[0].lq = 1, cases[0].lk = 4500, cases[0].d = 64;
   cases[1].batch = 3, cases[1].hq = 4, cases[1].hkv = 4, cases[1].lq = 3, cases[1].lk = 5000;
   cases[1].d = 128, cases[1].causal = true, cases[1].lengths = true, cases[1].key_mask = true;
-  cases[2].hq = 6, cases[2].hkv = 3, cases[2].lq = 16, cases[2].lk = 4200, cases[2].d = 40;
+  cases[2].hq = 6, cases[2].hkv = 3, cases[2].lq = 16, cases[2].lk = 4200, cases[2].d = 42;
   cases[2].causal = true, cases[2].window_left = 3000;
   cases[3] = cases[0];
   cases[3].seed = 7;  // reversed heads

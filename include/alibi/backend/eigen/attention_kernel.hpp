@@ -935,7 +935,7 @@ struct work_plan {
     // against the key chunks per KV head below (32 query heads, D 128, skipping off,
     // scripts/decode-ab.sh layout 2, 6-10 rounds): 32768 keys, half precision 1.44-1.52x faster on
     // one thread and 1.74-1.96x on two, fp32 GQA-8 1.23x and 1.55x, fp32 MHA 1.02x and 1.31x; 4096
-    // keys 0.99-1.71x.
+    // keys 0.99-1.71x (then 2 chunks of 2048; 8 of 512 since: min_kv_heads_chunk_keys).
     if (w.small && mem.token_bytes > 0 && !skipping && p.k_len >= 2 * cfg::min_split_keys) {
       w.chunk_major = true;
       if (mem.token_rows_packed) {

@@ -40,16 +40,16 @@ struct kernel_config {
                 "interleaved key chunks: whole tiles, at most min_split_keys");
   static_assert(min_split_keys % block_k == 0, "key chunks must hold whole key tiles");
   // Small calls whose K and V rows of all KV heads of a key make one run of memory (the
-  // tokens outermost: work_plan::all_kv_heads) go through each key tile in blocks of 16 to
-  // 32 keys spanning at most about this many bytes of K (or V) of all heads: a block is
+  // tokens outermost: work_plan::all_kv_heads) go through each key tile in blocks spanning
+  // about this many bytes of K (or V) of all heads, clamped to 16 to 32 keys: a block is
   // read while the one before is computed, and stays in L2 until every head has used it.
   static constexpr index_t kv_heads_block_bytes = index_t(256) << 10;
   static constexpr index_t min_kv_heads_block_keys = 16, max_kv_heads_block_keys = 32;
   static_assert(max_kv_heads_block_keys <= block_k, "blocks of keys within one key tile");
   // Their key chunks (while a call has fewer than min_items batch entries) hold at least
-  // this many keys: at 4096 keys 8 chunks per sequence, work for more cores than two, at
-  // some cost on two (this project's Zen 5 guest, against 2 chunks: fp16 GQA-8 1.07x slower
-  // on one thread, 0.98x on two; chunks of 256 keys, 16 of them: 1.0-1.15x slower).
+  // this many keys: one or two sequences of 4096 keys take 8 chunks each, work for more
+  // cores than two, at some cost on two (this project's Zen 5 guest, against 2 chunks:
+  // fp16 GQA-8 1.07x the time on one thread, 0.98x on two; 16 chunks of 256 keys: 1.0-1.15x).
   static constexpr index_t min_kv_heads_chunk_keys = 4 * block_k;
 };
 
