@@ -286,6 +286,30 @@ TEST_CASE("the key chunks of small calls over interleaved KV heads follow the to
   CHECK_FALSE(plan::make(p, strided(8 * 128 * 4), false).chunk_major);
 }
 
+TEST_CASE("the partial results of a split call stay within max_partial_bytes", "[eigen][layout]") {
+  // Many sequences of 16 query rows over K and V of one (batch, seq, 2, heads, dim) tensor
+  // (32 KiB per token: chunks of 256 keys): 128 chunks of 2048 items x 16 rows, each an
+  // output row of 128 floats and a softmax state, would take about 2.2 GB. As many chunks
+  // as fit in max_partial_bytes instead; a call with few items keeps its 128.
+  using plan = alibi::detail::cpu::work_plan;
+  using cfg = alibi::detail::cpu::kernel_config;
+  alibi::detail::cpu::kv_memory pairs;
+  pairs.token_bytes = 2 * 32 * 128 * 4;
+  alibi::detail::attention_problem p;
+  p.batch = 64, p.q_heads = 32, p.kv_heads = 32, p.q_len = 16, p.k_len = 32768;
+  p.head_dim = p.v_head_dim = 128;
+  const index_t row_bytes = 128 * 4 + index_t(sizeof(alibi::detail::softmax_state));
+  const plan many = plan::make(p, pairs, false);
+  const index_t split_bytes = many.items * many.rows_stride * row_bytes;
+  CHECK(many.items == 2048);
+  CHECK(many.rows_stride == 16);
+  CHECK(many.splits == cfg::max_partial_bytes / split_bytes);  // 3
+  CHECK(many.splits > 1);
+  CHECK(many.splits * split_bytes <= cfg::max_partial_bytes);
+  p.batch = 1;
+  CHECK(plan::make(p, pairs, false).splits == 128);
+}
+
 TEST_CASE("small calls over K/V rows of all KV heads in one run take every query head together",
           "[eigen][layout]") {
   // A dense (batch, seq, heads, dim) cache: a unit is all the query heads of a batch entry

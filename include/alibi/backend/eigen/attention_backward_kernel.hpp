@@ -377,14 +377,11 @@ inline void run_backward(int threads, const attention_problem& p,
 
   // Work split: shape only (thread-count independent).
   const index_t pairs = B * Hkv;
-  index_t splits = 1;
-  if (pairs < backward_config::min_items && Lk >= 2 * backward_config::min_split_keys) {
-    splits = std::min((backward_config::min_items + pairs - 1) / pairs,
-                      Lk / backward_config::min_split_keys);
-    const index_t dq_bytes = B * Hq * Lq * D * static_cast<index_t>(sizeof(float));
-    splits = std::max<index_t>(1, std::min(splits, 1 + backward_config::max_partial_bytes /
-                                                           std::max<index_t>(dq_bytes, 1)));
-  }
+  const index_t dq_bytes = B * Hq * Lq * D * static_cast<index_t>(sizeof(float));
+  const index_t splits = std::max<index_t>(
+      1, std::min(few_units_splits(pairs, backward_config::min_items, Lk,
+                                   backward_config::min_split_keys),
+                  1 + backward_config::max_partial_bytes / std::max<index_t>(dq_bytes, 1)));
   const index_t chunk =
       ((Lk + splits - 1) / splits + cfg::block_k - 1) / cfg::block_k * cfg::block_k;
   const index_t items = pairs * splits;

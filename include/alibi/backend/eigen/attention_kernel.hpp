@@ -428,6 +428,30 @@ inline workspace* small_workspaces(index_t heads) {
   return w.data();
 }
 
+/// The opening of a small call's tile: each head not yet done on this side begins its score
+/// tile (begin_score_tile; hp.meets); the query rows of the heads that meet it go to q_rows
+/// and their score rows (ws.s) to s_rows, head after head. Returns the first head that meets
+/// the tile (nullptr: none).
+inline const head_pass* begin_small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
+                                         const tensor_view<const float, 4>& q, const kv_tile& kv,
+                                         index_t j0, bool careful,
+                                         std::vector<const float*>& q_rows,
+                                         std::vector<float*>& s_rows) {
+  q_rows.clear();
+  s_rows.clear();
+  const head_pass* first = nullptr;
+  for (head_pass& hp : heads) {
+    hp.meets = !(hp.*done) && begin_score_tile(hp.it, kv, j0, careful, true, *hp.ws, hp.tile);
+    if (!hp.meets) continue;
+    if (!first) first = &hp;
+    for (index_t t = 0; t < hp.tile.m; ++t) {
+      q_rows.push_back(q.ptr(hp.it.b, hp.it.h, hp.it.i0 + hp.tile.ra + t));
+      s_rows.push_back(hp.ws->s.data() + t * hp.tile.lds);
+    }
+  }
+  return first;
+}
+
 /// The step of a small call's tile between its two products: each head that meets the tile
 /// (hp.meets) turns its dot products into scores (finish_score_tile) and takes its
 /// online-softmax step, its accumulated output rescaled; its probability rows go to p_rows
@@ -466,18 +490,8 @@ void small_tile(std::vector<head_pass>& heads, bool head_pass::*done,
   const index_t d = p.head_dim, dv = p.v_head_dim;
   thread_local std::vector<const float*> in_rows;
   thread_local std::vector<float*> out_rows;
-  in_rows.clear();
-  out_rows.clear();
-  const head_pass* first = nullptr;  // the keys left out of P V are the same for every head
-  for (head_pass& hp : heads) {
-    hp.meets = !(hp.*done) && begin_score_tile(hp.it, kv, j0, careful, true, *hp.ws, hp.tile);
-    if (!hp.meets) continue;
-    if (!first) first = &hp;
-    for (index_t t = 0; t < hp.tile.m; ++t) {
-      in_rows.push_back(q.ptr(hp.it.b, hp.it.h, hp.it.i0 + hp.tile.ra + t));
-      out_rows.push_back(hp.ws->s.data() + t * hp.tile.lds);
-    }
-  }
+  // The keys left out of P V are the same for every head: the first one's.
+  const head_pass* first = begin_small_tile(heads, done, q, kv, j0, careful, in_rows, out_rows);
   if (!first) return;
   const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
   auto pace = [&]() { ahead.tick<paced_prefetch::keys_phase>(); };
@@ -527,23 +541,16 @@ void small_tile_kv_heads(std::vector<head_pass>& heads, bool head_pass::*done,
   thread_local std::vector<const float*> in_rows, in_at;
   thread_local std::vector<float*> out_rows, out_at;
   thread_local std::vector<index_t> block_bad;
-  groups.clear();
-  in_rows.clear();
-  out_rows.clear();
-  const head_pass* first = nullptr;
-  for (head_pass& hp : heads) {
-    hp.meets = !(hp.*done) && begin_score_tile(hp.it, unread, j0, false, true, *hp.ws, hp.tile);
-    if (!hp.meets) continue;
-    if (!first) first = &hp;
-    const auto r = static_cast<index_t>(in_rows.size());
-    if (groups.empty() || groups.back().hk != hp.it.hk) groups.push_back({hp.it.hk, r, r});
-    for (index_t t = 0; t < hp.tile.m; ++t) {
-      in_rows.push_back(q.ptr(hp.it.b, hp.it.h, hp.it.i0 + hp.tile.ra + t));
-      out_rows.push_back(hp.ws->s.data() + t * hp.tile.lds);
-    }
-    groups.back().end = static_cast<index_t>(in_rows.size());
-  }
+  const head_pass* first = begin_small_tile(heads, done, q, unread, j0, false, in_rows, out_rows);
   if (!first) return;
+  groups.clear();
+  index_t row = 0;  // the first row of hp
+  for (const head_pass& hp : heads) {
+    if (!hp.meets) continue;
+    if (groups.empty() || groups.back().hk != hp.it.hk) groups.push_back({hp.it.hk, row, row});
+    row += hp.tile.m;
+    groups.back().end = row;
+  }
   const index_t rows = static_cast<index_t>(in_rows.size()), bk = first->tile.bk;
   in_at.resize(static_cast<std::size_t>(rows));
   out_at.resize(static_cast<std::size_t>(rows));
@@ -643,11 +650,12 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
   auto process = [&](index_t j0, index_t next_j0, bool head_pass::*done) {
     const index_t n_keys = std::min(bk, it0.ue - j0);
     if constexpr (Small) {
+      // The tile's shape alone, for the products that read K and V in place.
+      const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(d)),
+                           kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(dv))};
       if (several_kv_heads) {
         // work_plan::all_kv_heads: skipping off (norms are one KV head's), never careful.
         ALIBI_ASSERT(norms.prefix == nullptr && !careful);
-        const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(d)),
-                             kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(dv))};
         small_tile_kv_heads(heads, done, q, kv, unread, j0, next_j0, ldo, ahead);
         return;
       }
@@ -677,8 +685,6 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
         // converted copy would be written and read back, and the conversion loop would wait
         // for memory with no arithmetic beside it). K in blocks: the products read the
         // blocks in place (fp32 V too).
-        const kv_tile unread{kv_rows_map(nullptr, n_keys, d, Eigen::OuterStride<>(d)),
-                             kv_rows_map(nullptr, n_keys, dv, Eigen::OuterStride<>(dv))};
         small_tile(heads, done, q, unread, j0, careful, ldo, ahead, kv.rows(true, b, it0.hk, j0),
                    kv.rows(false, b, it0.hk, j0));
       } else {
@@ -908,8 +914,7 @@ struct work_plan {
     w.small = p.q_len <= cfg::small_rows;
     w.group = w.small ? p.group_size() : 1;
     w.units = w.items / w.group;
-    if (w.units < cfg::min_items && p.k_len >= 2 * cfg::min_split_keys)
-      w.splits = std::min((cfg::min_items + w.units - 1) / w.units, p.k_len / cfg::min_split_keys);
+    w.splits = few_units_splits(w.units, cfg::min_items, p.k_len, cfg::min_split_keys);
     // A small call over interleaved heads: one head's pass over all its keys would touch
     // every page of the K/V memory for a few lines, and the hardware prefetcher does not
     // follow such a stride. In key chunks taken in chunk order, all the units of a chunk
@@ -942,22 +947,26 @@ struct work_plan {
         w.all_kv_heads = true;
         w.group = p.q_heads;
         w.units = w.items / w.group;
-        w.splits = w.units < cfg::min_items ? std::min((cfg::min_items + w.units - 1) / w.units,
-                                                       p.k_len / cfg::min_kv_heads_chunk_keys)
-                                            : 1;
+        w.splits = few_units_splits(w.units, cfg::min_items, p.k_len, cfg::min_kv_heads_chunk_keys);
       } else {
         const index_t keys = std::clamp(cfg::interleaved_chunk_bytes / mem.token_bytes,
                                         cfg::min_interleaved_keys, cfg::min_split_keys);
         w.splits = std::max(w.splits, p.k_len / keys);
       }
     }
+    w.rows_stride = std::min(cfg::block_q, p.q_len);
+    // Each chunk adds an output row and a softmax state per query row of every item.
+    const index_t split_bytes =
+        w.items * w.rows_stride *
+        (p.v_head_dim * index_t(sizeof(float)) + index_t(sizeof(softmax_state)));
+    w.splits = std::clamp<index_t>(cfg::max_partial_bytes / std::max<index_t>(split_bytes, 1), 1,
+                                   w.splits);
     // Split keys: chunk c covers keys [c * chunk, (c + 1) * chunk).
     w.chunk =
         ((p.k_len + w.splits - 1) / w.splits + cfg::block_k - 1) / cfg::block_k * cfg::block_k;
     // Rounding the chunk up to whole tiles may leave the last chunks without keys (from
     // about 18 splits on): no chunk starts past k_len.
     if (w.chunk > 0) w.splits = (p.k_len + w.chunk - 1) / w.chunk;
-    w.rows_stride = std::min(cfg::block_q, p.q_len);
     return w;
   }
   /// Item -> (b, h, query rows [i0, i1)). Causal and windowed work grows with the query

@@ -51,7 +51,20 @@ struct kernel_config {
   // cores than two, at some cost on two (this project's Zen 5 guest, against 2 chunks:
   // fp16 GQA-8 1.07x the time on one thread, 0.98x on two; 16 chunks of 256 keys: 1.0-1.15x).
   static constexpr index_t min_kv_heads_chunk_keys = 4 * block_k;
+  // The partial results of a split call (each chunk's output rows and softmax states) stay
+  // within this many bytes, whatever the batch: fewer chunks rather than memory that grows
+  // with batch x heads x query rows x chunks (and stays reserved in the calling thread).
+  static constexpr index_t max_partial_bytes = index_t(64) << 20;
 };
+
+/// The key chunks of a call with few units of work (fewer than min_items: decoding a few
+/// sequences, or a prefill of few heads): about min_items / units chunks, so that every
+/// thread has work, of at least min_keys keys each; 1 from min_items units on. Shape only,
+/// never the thread count, so that results stay bitwise independent of it.
+inline index_t few_units_splits(index_t units, index_t min_items, index_t k_len, index_t min_keys) {
+  if (units <= 0 || units >= min_items) return 1;
+  return std::max<index_t>(1, std::min((min_items + units - 1) / units, k_len / min_keys));
+}
 
 /// A growable array of trivially copyable T, 64-byte aligned, allocated by alibi itself.
 /// Why not Eigen::aligned_allocator: Eigen's aligned allocation differs with the compiler's
