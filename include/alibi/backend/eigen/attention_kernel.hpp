@@ -922,7 +922,8 @@ struct work_plan {
     // query heads, D 128, 8 and 32 KV heads, skipping off, scripts/decode-ab.sh layout 2,
     // chunks of 2048 keys against one pass): 32768 keys 1.46-1.86x faster on one thread,
     // 1.17-1.50x on two; 4096 keys 0.90-1.09x (noise).
-    // A chunk spans about interleaved_chunk_bytes of K and of V (256 to 2048 keys): with
+    // A chunk spans about interleaved_chunk_bytes of K and of V (256 to 2048 keys, more
+    // where max_partial_bytes caps the chunks of a call with many items): with
     // 2048 keys always, long token rows (fp32 MHA, 32 KV heads of D 128: 16 KiB per token)
     // made each unit's pass span 32 MiB. Against 2048 keys always (the same A/B, 6-10
     // rounds, two runs at 32768 keys): MHA fp32 / fp16 / bf16 1.15-1.18x faster on one
@@ -955,7 +956,8 @@ struct work_plan {
       }
     }
     w.rows_stride = std::min(cfg::block_q, p.q_len);
-    // Each chunk adds an output row and a softmax state per query row of every item.
+    // Each chunk adds an output row and a softmax state per query row of every item: at most
+    // max_partial_bytes of them (then fewer, longer chunks).
     const index_t split_bytes =
         w.items * w.rows_stride *
         (p.v_head_dim * index_t(sizeof(float)) + index_t(sizeof(softmax_state)));

@@ -33,7 +33,8 @@ struct kernel_config {
   // Small calls over interleaved KV heads (work_plan) take key chunks spanning about this
   // many bytes of each of K and V, of about min_interleaved_keys to min_split_keys keys (at
   // least two tiles, so that a chunk's next tile is requested while its first is computed;
-  // k_len is divided evenly, then the chunk rounded up to whole tiles).
+  // k_len is divided evenly, then the chunk rounded up to whole tiles), or longer where
+  // max_partial_bytes caps the number of chunks.
   static constexpr index_t interleaved_chunk_bytes = index_t(4) << 20;
   static constexpr index_t min_interleaved_keys = 2 * block_k;
   static_assert(min_interleaved_keys <= min_split_keys && min_interleaved_keys % block_k == 0,
@@ -52,9 +53,13 @@ struct kernel_config {
   // fp16 GQA-8 1.07x the time on one thread, 0.98x on two; 16 chunks of 256 keys: 1.0-1.15x).
   static constexpr index_t min_kv_heads_chunk_keys = 4 * block_k;
   // The partial results of a split call (each chunk's output rows and softmax states) stay
-  // within this many bytes, whatever the batch: fewer chunks rather than memory that grows
-  // with batch x heads x query rows x chunks (and stays reserved in the calling thread).
-  static constexpr index_t max_partial_bytes = index_t(64) << 20;
+  // within this many bytes, whatever the batch: fewer, longer chunks rather than memory
+  // that grows with batch x heads x query rows x chunks (and stays reserved in the calling
+  // thread). Large enough that decoding (one query row per head) with 32 heads keeps its
+  // chunks while sequences x keys stay within about 4M (64 sequences of 32768 keys); beyond
+  // that, and with several query rows per head, interleaved heads' chunks grow past
+  // interleaved_chunk_bytes (unmeasured: no such call was in the A/B runs that chose them).
+  static constexpr index_t max_partial_bytes = index_t(256) << 20;
 };
 
 /// The key chunks of a call with few units of work (fewer than min_items: decoding a few
