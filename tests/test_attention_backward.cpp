@@ -772,12 +772,11 @@ TEST_CASE("backward: split keys (few heads, long keys) equal the reference", "[b
 }
 
 TEST_CASE("backward: empty shapes write zeros and never crash", "[backward][edge]") {
-  // (B, Hq, Hkv, Lq, Lk, D): no keys, no queries, no heads, head_dim 0.
-  const index_t shapes[][6] = {{2, 2, 1, 5, 0, 4},
-                               {2, 2, 1, 0, 5, 4},
-                               {2, 0, 0, 5, 5, 4},
-                               {1, 2, 2, 3, 3, 0},
-                               {0, 2, 2, 3, 3, 4}};
+  // (B, Hq, Hkv, Lq, Lk, D): no keys, no queries, no heads, head_dim 0, no batch (also with
+  // enough keys to split: the split's count once divided by the number of (batch, KV head)
+  // pairs).
+  const index_t shapes[][6] = {{2, 2, 1, 5, 0, 4}, {2, 2, 1, 0, 5, 4}, {2, 0, 0, 5, 5, 4},
+                               {1, 2, 2, 3, 3, 0}, {0, 2, 2, 3, 3, 4}, {0, 2, 2, 3, 2048, 4}};
   for (const auto& s : shapes) {
     const index_t B = s[0], Hq = s[1], Hkv = s[2], Lq = s[3], Lk = s[4], D = s[5];
     INFO("B " << B << " Hq " << Hq << " Hkv " << Hkv << " Lq " << Lq << " Lk " << Lk << " D " << D);
