@@ -56,7 +56,7 @@ struct kernel_config {
   // within this many bytes, whatever the batch: fewer, longer chunks rather than memory
   // that grows with batch x heads x query rows x chunks (and stays reserved in the calling
   // thread). Large enough that decoding (one query row per head) with 32 heads keeps its
-  // chunks while sequences x keys stay within about 4M (64 sequences of 32768 keys); beyond
+  // chunks while sequences x keys stay within about 4M (about 126 sequences of 32768 keys); beyond
   // that, and with several query rows per head, interleaved heads' chunks grow past
   // interleaved_chunk_bytes (unmeasured: no such call was in the A/B runs that chose them).
   static constexpr index_t max_partial_bytes = index_t(256) << 20;
