@@ -40,6 +40,20 @@ void timed_steps(State& state, Step&& step) {
   timed_steps(state, std::forward<Step>(step), [] {});
 }
 
+/// Reads 256 MiB that nothing else uses, more than the last-level cache holds, so that the
+/// next step finds none of its data in cache: a decoding step of one layer follows the other
+/// layers' steps, which leave none of its weights and K/V there. Returns a sum of what it
+/// read (for benchmark::DoNotOptimize).
+inline float evict_caches() {
+  static const std::vector<float> buf(std::size_t(64) << 20, 1.0f);
+  float acc[16] = {};
+  for (std::size_t i = 0; i + 16 <= buf.size(); i += 16)
+    for (int u = 0; u < 16; ++u) acc[u] += buf[i + static_cast<std::size_t>(u)];
+  float sum = 0;
+  for (float a : acc) sum += a;
+  return sum;
+}
+
 /// q, k, v of shape (1, heads, len, dim), randn with a fixed seed.
 struct inputs {
   index_t heads, len_q, len_k, dim;

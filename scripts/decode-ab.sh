@@ -6,7 +6,8 @@
 #   scripts/decode-ab.sh REV_A REV_B type threads kv_heads layout [rounds] [k_len]
 #   e.g. scripts/decode-ab.sh HEAD~1 worktree 1 1 8 1 10
 #   type 0 fp32, 1 fp16, 2 bf16 K/V; layout 0 K as rows (heads outermost), 1 K in blocks,
-#   2 K and V with the tokens outermost
+#   2 K and V with the tokens outermost; "A:B" (e.g. 0:2) runs REV_A with layout A and REV_B
+#   with layout B (worktree worktree ... 0:2 compares two layouts of one version)
 #   scripts/decode-ab.sh REV_A REV_B matrix [rounds]: k_len 32768, 1 and 2 threads, fp32 /
 #   fp16 / bf16 with 8 and 32 KV heads (K as rows), and fp16 / bf16 GQA-8 with K in blocks
 #
@@ -16,7 +17,7 @@
 # Needs g++, Eigen (libeigen3-dev) and git.
 set -euo pipefail
 if [ $# -lt 6 ] && ! { [ $# -ge 3 ] && [ "$3" = matrix ]; }; then
-  sed -n '2,16p' "$0" >&2
+  sed -n '2,18p' "$0" >&2
   exit 2
 fi
 rev_a=$1

@@ -17,7 +17,8 @@ probabilities are bf16 too (PyTorch's products take one element type); the softm
 
 Per case: the median time of `repetitions` steps (after one warm-up step), KV_GB/s (the K/V
 bytes over that time), ceiling_GB/s (the median of a sum over a 1 GiB fp32 tensor, sampled
-before each step, as bench_decode samples its ceiling between the steps) and of_ceiling.
+before each step, which also leaves none of the step's K/V in cache, as bench_decode reads
+256 MiB before each of its steps) and of_ceiling.
 One process per thread count (OpenMP and OpenBLAS read their thread counts at start-up).
 Prints one line per case; --json writes Google Benchmark-style JSON; --compare reads
 alibi_bench_decode's JSON of the same session (--benchmark_out, with

@@ -2,14 +2,16 @@
 // In-process A/B of two versions of alibi's decode step (scripts/decode-ab.sh builds it):
 // calls alternate between the versions (which goes first alternates too), each version's
 // streamed step (K/V from memory) and its arithmetic alone (a key stride of 0), with a read
-// of a 256 MiB buffer before each round as the memory ceiling of that moment. Why: on this
+// of a 256 MiB buffer before each streamed step as the memory ceiling of that moment. Why: on this
 // project's shared guests, the bandwidth and the clock swing by 1.5x from one minute to the
 // next, so two builds run one after the other compare their moments, not their code; here
 // every round of A and B meets the same moment, and the medians over the rounds compare.
+// Each streamed step follows a read of the buffer, so none of its K/V is in cache.
 //
 // Usage: decode_ab type threads kv_heads layout [rounds] [k_len]
 //   type: 0 fp32, 1 fp16, 2 bf16 K/V; layout: 0 K as rows (heads outermost), 1 K in blocks
-//   of 16 keys, 2 K and V with the tokens outermost.
+//   of 16 keys, 2 K and V with the tokens outermost; or "A:B" (e.g. 0:2), version A with
+//   layout A and version B with layout B (the same version twice compares two layouts).
 // Prints the medians (ms): the ceiling's time for the step's K/V bytes, then A's and B's step
 // and arithmetic, and B / A.
 #include <algorithm>
@@ -69,7 +71,7 @@ void fill(aligned_vector<unsigned char>& buf, std::size_t n, unsigned seed) {
 int usage() {
   std::fprintf(stderr,
                "usage: decode_ab type(0 fp32, 1 fp16, 2 bf16) threads kv_heads "
-               "layout(0 rows, 1 K in blocks, 2 tokens outermost) [rounds, default 10] "
+               "layout(0 rows, 1 K in blocks, 2 tokens outermost; or A:B) [rounds, default 10] "
                "[k_len, default 32768]\n");
   return 2;
 }
@@ -80,14 +82,22 @@ int main(int argc, char** argv) {
   if (argc < 5) return usage();
   const int type = std::atoi(argv[1]), threads = std::atoi(argv[2]);
   const index_t hkv = std::atol(argv[3]);
-  const int layout = std::atoi(argv[4]);
+  // "L" for both versions, or "LA:LB" (e.g. 0:2) to compare two layouts, of one version
+  // or of two.
+  const std::string layouts = argv[4];
+  const std::size_t colon = layouts.find(':');
+  const int layout_a = std::atoi(layouts.c_str()),
+            layout_b =
+                colon == std::string::npos ? layout_a : std::atoi(layouts.c_str() + colon + 1);
+  const int layout_of[2] = {layout_a, layout_b};
   const int rounds = argc > 5 ? std::atoi(argv[5]) : 10;
   const index_t lk = argc > 6 ? std::atol(argv[6]) : 32768;
-  if (type < 0 || type > 2 || threads < 1 || hkv < 1 || 32 % hkv != 0 || layout < 0 || layout > 2 ||
-      rounds < 1 || lk < 1) {
+  if (type < 0 || type > 2 || threads < 1 || hkv < 1 || 32 % hkv != 0 ||
+      std::min(layout_a, layout_b) < 0 || std::max(layout_a, layout_b) > 2 || rounds < 1 ||
+      lk < 1) {
     std::fprintf(stderr,
                  "error: type must be 0, 1 or 2, threads >= 1, kv_heads a divisor of "
-                 "32, layout 0, 1 or 2, rounds >= 1, k_len >= 1\n");
+                 "32, layout 0, 1 or 2 (or two of them, A:B), rounds >= 1, k_len >= 1\n");
     return usage();
   }
   const index_t d = 128, hq = 32, blocks = (lk + 15) / 16;
@@ -115,20 +125,27 @@ int main(int argc, char** argv) {
   volatile float sink = stream_sum(ceiling.data(), ceiling.size());
   // An untimed call of each first: the first pass over freshly written buffers can take
   // many times as long as the next ones on a virtual machine.
-  step_a(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true, layout);
-  step_b(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true, layout);
+  step_a(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true,
+         layout_a);
+  step_b(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true,
+         layout_b);
   for (int r = 0; r < rounds; ++r) {
-    auto t0 = clock::now();
-    sink = sink + stream_sum(ceiling.data(), ceiling.size());
-    mem.push_back(kv_bytes / (static_cast<double>(ceiling.size()) * 4) * ms_since(t0));
     for (int w = 0; w < 2; ++w) {
       const int which = (w + r) % 2;  // who goes first alternates
       auto* f = which == 0 ? step_a : step_b;
+      // The read before each streamed step also leaves none of the K/V in cache, as the
+      // other layers of a model would: the second step of a round would otherwise find part
+      // of the first one's K/V in the last-level cache.
+      auto t0 = clock::now();
+      sink = sink + stream_sum(ceiling.data(), ceiling.size());
+      mem.push_back(kv_bytes / (static_cast<double>(ceiling.size()) * 4) * ms_since(t0));
       t0 = clock::now();
-      f(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true, layout);
+      f(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, true,
+        layout_of[which]);
       step[which].push_back(ms_since(t0));
       t0 = clock::now();
-      f(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, false, layout);
+      f(type, threads, q.data(), k.data(), kb.data(), v.data(), out.data(), hkv, lk, false,
+        layout_of[which]);
       arith[which].push_back(ms_since(t0));
     }
   }
