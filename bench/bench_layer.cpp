@@ -164,7 +164,7 @@ void layer_decode(benchmark::State& state, index_t N, int threads, bool skip) {
   for (auto _ : state) {
     step();
     state.PauseTiming();
-    benchmark::DoNotOptimize(alibi_bench::evict_caches());
+    benchmark::DoNotOptimize(alibi_bench::evict_caches(threads));
     state.ResumeTiming();
   }
   report(state, t);
