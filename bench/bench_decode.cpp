@@ -9,14 +9,12 @@
 // which read about a fifth less on this project's guest).
 // BM_read_prefetched: the same sum with a software prefetch of every line 2 KiB ahead, as
 // the decode steps with half-precision K/V request their next tile: what such requests cost.
-// BM_decode_kv: one query token (32 query heads, D 128) against k_len cached keys (1024: with
-// 8 KV heads, 4 MiB of fp16/bf16 K/V or 8 MiB of fp32, which a last-level cache of that size
-// keeps between calls, so the time is mostly the step's arithmetic; 32768: from memory;
+// BM_decode_kv: one query token (32 query heads, D 128) against k_len cached keys (1024, 4096,
+// 32768), each step after a read that leaves none of its K/V in cache (steps_against_ceiling;
 // skip 2: far-tile skipping with key-norm bounds kept beside the cache, as kv_cache does);
-// counters
-// KV_GB/s (the K/V bytes of the call over its median time), ceiling_GB/s (the median of
-// the ceiling's sums with the same thread count, sampled between the steps) and of_ceiling
-// (the first over the second).
+// counters KV_GB/s (the K/V bytes of the call over its median time), ceiling_GB/s (the
+// median rate of those reads, with the same thread count) and of_ceiling (the first over the
+// second).
 // BM_decode_arith: the same step with K/V views whose key stride is 0 (every key reads the
 // same row, which stays in L1): all of the step's arithmetic and bookkeeping without its
 // memory traffic; counter bound_GB/s, the K/V bytes the real step streams over this time,
