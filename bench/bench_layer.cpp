@@ -161,6 +161,7 @@ void layer_decode(benchmark::State& state, index_t N, int threads, bool skip) {
   };
   step();  // untimed, as timed_steps does; then the timings start from zero
   t = {};
+  benchmark::DoNotOptimize(alibi_bench::evict_caches(threads));
   for (auto _ : state) {
     step();
     state.PauseTiming();
@@ -185,6 +186,32 @@ void BM_layer_decode(benchmark::State& state) {
     layer_decode<Eigen::half>(state, N, threads, skip);
 }
 
+// The four attention projections of a decoding step (one token, E x E weights each, read
+// from memory: the caches are emptied before every step) through the eigen backend's
+// linear, on `threads` threads: each call is a short parallel call, so what a call's
+// synchronization costs shows beside the bytes (16 MiB of weights per step).
+void BM_decode_projections(benchmark::State& state) {
+  using ops = alibi::detail::layer_ops<alibi::backend::eigen>;
+  const int threads = static_cast<int>(state.range(0));
+  const alibi::backend::eigen be{threads};
+  std::vector<std::vector<float>> w(4, std::vector<float>(static_cast<std::size_t>(E * E), 0.01f));
+  std::vector<float> x(static_cast<std::size_t>(E), 1.0f), y(x.size());
+  auto step = [&] {
+    for (const auto& wc : w)
+      ops::linear<float>(be, x.data(), E, 1, E, wc.data(), nullptr, E, y.data(), E, false, nullptr);
+    benchmark::DoNotOptimize(y.data());
+  };
+  step();
+  for (auto _ : state) {
+    state.PauseTiming();
+    benchmark::DoNotOptimize(alibi_bench::evict_caches(threads));
+    state.ResumeTiming();
+    step();
+  }
+  state.counters["GB/s"] = benchmark::Counter(4.0 * E * E * sizeof(float),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void BM_sgemm_1024(benchmark::State& state) {
   for (auto _ : state)
     benchmark::DoNotOptimize(alibi_bench::sgemm_gflops(static_cast<int>(state.range(0))));
@@ -194,6 +221,15 @@ void BM_sgemm_1024(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_sgemm_1024)->Arg(1)->Arg(2)->Iterations(1);
+BENCHMARK(BM_decode_projections)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgNames({"threads"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime()
+    ->Iterations(200)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
 BENCHMARK(BM_layer)
     ->ArgsProduct({{512, 1024, 2048, 4096, 8192}, {1, 0}, {2}, {1}})
     ->ArgsProduct({{2048, 8192}, {1, 0}, {2}, {0}})
