@@ -719,7 +719,7 @@ void BM_overlap_probe(benchmark::State& state) {
 }
 
 // Steps per repetition of the benchmarks timed against the ceiling: each step costs a
-// window's read too (window_sample), 7-9 ms on this project's guest.
+// window's read too (window_sample), 4-9 ms on this project's guest.
 constexpr int step_iterations = 20;
 
 BENCHMARK(BM_read_ceiling)->Arg(1)->Arg(2)->Iterations(1);

@@ -45,8 +45,8 @@ void timed_steps(State& state, Step&& step) {
 /// layers' steps, which leave none of its weights and K/V there. The read is split over
 /// `threads` threads of alibi's pool, as the other layers' work would be: a pool left idle
 /// while one thread reads sends its workers to sleep, and waking them delays the next step's
-/// first parallel call (measured on this project's KVM guest: a layer's decoding step on two
-/// threads took longer than on one). Returns a sum of what it read (for
+/// first parallel call (measured on this project's KVM guest: the projections of a layer's
+/// decoding step took longer on two threads than on one). Returns a sum of what it read (for
 /// benchmark::DoNotOptimize).
 inline float evict_caches(int threads) {
   static const std::vector<float> buf(std::size_t(64) << 20, 1.0f);

@@ -17,7 +17,7 @@
 # Needs g++, Eigen (libeigen3-dev) and git.
 set -euo pipefail
 if [ $# -lt 6 ] && ! { [ $# -ge 3 ] && [ "$3" = matrix ]; }; then
-  sed -n '2,18p' "$0" >&2
+  sed -n '2,17p' "$0" >&2
   exit 2
 fi
 rev_a=$1

@@ -6,7 +6,9 @@
 // project's shared guests, the bandwidth and the clock swing by 1.5x from one minute to the
 // next, so two builds run one after the other compare their moments, not their code; here
 // every round of A and B meets the same moment, and the medians over the rounds compare.
-// Each streamed step follows a read of the buffer, so none of its K/V is in cache.
+// Each streamed step follows a read of the buffer, so none of its K/V is in cache. The read
+// runs on the main thread alone: with two threads, alibi's pool worker may sleep through it,
+// and a two-thread step then includes the worker's wake-up (both versions alike).
 //
 // Usage: decode_ab type threads kv_heads layout [rounds] [k_len]
 //   type: 0 fp32, 1 fp16, 2 bf16 K/V; layout: 0 K as rows (heads outermost), 1 K in blocks
