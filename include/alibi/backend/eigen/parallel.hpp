@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -101,46 +99,6 @@ class single_threaded_products {
 #endif
 };
 
-/// The count of a parallel_for's helpers still at work, which the calling thread waits on.
-/// The caller polls it for up to `spin` before it sleeps on a condition variable. Why: a
-/// thread that sleeps is woken through the kernel, which on this project's KVM guest takes
-/// tens of microseconds, paid by every parallel call whose caller finishes its share first,
-/// and a decoding step makes several calls of about 100 microseconds. Measured there (two
-/// builds alternating; bench/results/decode-2026-12-05-epyc/projections_ab.log), four
-/// 1024 x 1024 projections of one token from memory on two threads: 431-514 us per step
-/// against 454-518 us, 0.66-0.75 of the one-thread time against 0.73-0.79.
-class helpers_latch {
- public:
-  static constexpr std::chrono::microseconds spin{50};
-  explicit helpers_latch(index_t helpers) : pending_(helpers) {}
-  helpers_latch(const helpers_latch&) = delete;
-  helpers_latch& operator=(const helpers_latch&) = delete;
-
-  /// A helper is done. Under the mutex, so that the latch outlives the call: the waiting
-  /// thread takes the mutex before it returns.
-  void count_down() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_.notify_one();
-  }
-  /// Returns once every helper is done (and none still holds the mutex).
-  void wait() {
-    const auto until = std::chrono::steady_clock::now() + spin;
-    for (int polls = 1; pending_.load(std::memory_order_acquire) > 0; ++polls) {
-      if (polls % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
-  }
-
- private:
-  std::atomic<index_t> pending_;
-  std::mutex mutex_;
-  std::condition_variable done_;
-};
-
 /// Calls f(item) for item in [0, count) on up to `threads` threads (the caller included).
 /// Which thread runs an item never changes what the item computes, so results do not
 /// depend on the thread count (the pool may have more threads than asked for; only
@@ -181,13 +139,13 @@ void parallel_for(int threads, index_t count, F&& f) {
   } ctx;
   ctx.count = count;
   ctx.f = &f;
-  helpers_latch done(helpers);
+  Eigen::Barrier done(static_cast<unsigned>(helpers));
   struct task {
     context* ctx;
-    helpers_latch* done;
+    Eigen::Barrier* done;
     void operator()() const {
       ctx->drain();
-      done->count_down();
+      done->Notify();
     }
   };
   // Held until every helper is done, even if the registry moves on to a bigger pool.
@@ -200,8 +158,8 @@ void parallel_for(int threads, index_t count, F&& f) {
       // Could not hand out a helper (out of memory): the ones scheduled finish without
       // items, the missing ones are counted as done, and the error reaches the caller.
       ctx.next.store(count);
-      for (index_t m = w; m < helpers; ++m) done.count_down();
-      done.wait();
+      for (index_t m = w; m < helpers; ++m) done.Notify();
+      done.Wait();
       throw;
     }
 #else
@@ -209,7 +167,7 @@ void parallel_for(int threads, index_t count, F&& f) {
 #endif
   }
   ctx.drain();
-  done.wait();
+  done.Wait();
   if (ctx.error) std::rethrow_exception(ctx.error);
 }
 
