@@ -154,21 +154,26 @@ const aligned_vector<float>& ceiling_buffer() {
   return buf;
 }
 
-/// One sum over the ceiling's buffer split over `threads` threads (stream_sum<Ahead>): its
+/// One sum over the n floats from p split over `threads` threads (stream_sum<Ahead>): its
 /// bytes per second and the seconds it took.
 template <index_t Ahead = 0>
-std::pair<double, double> ceiling_sample(int threads) {
-  const aligned_vector<float>& buf = ceiling_buffer();
-  const auto n = static_cast<index_t>(buf.size());
+std::pair<double, double> timed_read(const float* p, index_t n, int threads) {
   std::vector<float> partial(static_cast<std::size_t>(threads));
   const auto t0 = std::chrono::steady_clock::now();
   alibi::detail::parallel_for(threads, threads, [&](index_t t) {
     const index_t chunk = n / threads;
-    partial[static_cast<std::size_t>(t)] = stream_sum<Ahead>(buf.data() + t * chunk, chunk);
+    partial[static_cast<std::size_t>(t)] = stream_sum<Ahead>(p + t * chunk, chunk);
   });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   benchmark::DoNotOptimize(partial.data());
   return {static_cast<double>(n) * 4 / s, s};
+}
+
+/// One sum over the whole ceiling's buffer (timed_read).
+template <index_t Ahead = 0>
+std::pair<double, double> ceiling_sample(int threads) {
+  const aligned_vector<float>& buf = ceiling_buffer();
+  return timed_read<Ahead>(buf.data(), static_cast<index_t>(buf.size()), threads);
 }
 
 double median(std::vector<double> x) {
@@ -244,15 +249,7 @@ std::pair<double, double> window_sample(int threads) {
                 windows = static_cast<index_t>(buf.size()) / n;
   const float* const w = buf.data() + next;
   next = (next / n + 1) % windows * n;
-  std::vector<float> partial(static_cast<std::size_t>(threads));
-  const auto t0 = std::chrono::steady_clock::now();
-  alibi::detail::parallel_for(threads, threads, [&](index_t t) {
-    const index_t chunk = n / threads;
-    partial[static_cast<std::size_t>(t)] = stream_sum(w + t * chunk, chunk);
-  });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  benchmark::DoNotOptimize(partial.data());
-  return {static_cast<double>(n) * 4 / s, s};
+  return timed_read(w, n, threads);
 }
 
 /// Times step() once per iteration (manual time), each step after an untimed read of a
