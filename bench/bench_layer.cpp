@@ -133,17 +133,18 @@ void BM_layer_family(benchmark::State& state) {
   state.counters["gemm_GFLOP/s"] = gemm_flops * n / (t.projections + t.ffn) / 1e9;
 }
 
-// One decoding step (one new token, causal) with a cache of N tokens stored as S, far-tile
+// One decoding step (`tokens` new tokens, causal) with a cache of N tokens stored as S, far-tile
 // skipping on or off: the step is timed, then the cache is truncated back, and the caches
 // are emptied of the step's weights and K/V (evict_caches, untimed), as the model's other
 // layers would: back to back, steps found part of them in the last-level cache.
 template <class S>
-void layer_decode(benchmark::State& state, index_t N, int threads, bool skip) {
+void layer_decode(benchmark::State& state, index_t N, int threads, bool skip, index_t tokens = 1) {
   auto layer = make_layer(threads);
-  auto cache = alibi::kv_cache<float, alibi::backend::eigen, S>::for_module(layer, 1, N + 1);
+  auto cache = alibi::kv_cache<float, alibi::backend::eigen, S>::for_module(layer, 1, N + tokens);
   std::mt19937 rng(3);
   std::normal_distribution<float> randn;
-  std::vector<float> prompt(static_cast<std::size_t>(N * E)), x(E), y(E);
+  std::vector<float> prompt(static_cast<std::size_t>(N * E)),
+      x(static_cast<std::size_t>(tokens * E)), y(x.size());
   for (float& v : prompt) v = randn(rng);
   for (float& v : x) v = randn(rng);
   alibi::forward_options opt;
@@ -154,8 +155,8 @@ void layer_decode(benchmark::State& state, index_t N, int threads, bool skip) {
   alibi::layer_timings t;
   opt.timings = &t;
   auto step = [&] {
-    layer.forward(alibi::make_view<const float>(x.data(), 1, 1, E),
-                  alibi::make_view(y.data(), 1, 1, E), cache, opt);
+    layer.forward(alibi::make_view<const float>(x.data(), 1, tokens, E),
+                  alibi::make_view(y.data(), 1, tokens, E), cache, opt);
     cache.truncate(0, N);
     benchmark::DoNotOptimize(y.data());
   };
@@ -186,19 +187,46 @@ void BM_layer_decode(benchmark::State& state) {
     layer_decode<Eigen::half>(state, N, threads, skip);
 }
 
-// The four attention projections of a decoding step (one token, E x E weights each, read
-// from memory: the caches are emptied before every step) through the eigen backend's
-// linear, on `threads` threads: each call is a short parallel call, so what a call's
-// synchronization costs shows beside the bytes (16 MiB of weights per step).
+// A decoding step of `tokens` tokens at once (speculative decoding's check of drafted tokens),
+// fp16 cache, skipping off. Args: tokens in the KV cache, new tokens, threads.
+void BM_layer_decode_tokens(benchmark::State& state) {
+  layer_decode<Eigen::half>(state, state.range(0), static_cast<int>(state.range(2)), false,
+                            state.range(1));
+}
+
+// The four attention projections of a decoding step (`rows` tokens, E x E weights each, read
+// from memory: the caches are emptied before every step) on `threads` threads, through the
+// eigen backend's linear (path 0) or through Eigen's product on linear's GEMM blocks of 512
+// columns (path 1, what linear did for every row count before few_rows_products): each call
+// is a short parallel call, so what a call's synchronization costs shows beside the bytes
+// (16 MiB of weights per step).
 void BM_decode_projections(benchmark::State& state) {
   using ops = alibi::detail::layer_ops<alibi::backend::eigen>;
-  const int threads = static_cast<int>(state.range(0));
+  const index_t rows = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  const bool eigen_blocks = state.range(2) != 0;
   const alibi::backend::eigen be{threads};
   std::vector<std::vector<float>> w(4, std::vector<float>(static_cast<std::size_t>(E * E), 0.01f));
-  std::vector<float> x(static_cast<std::size_t>(E), 1.0f), y(x.size());
+  std::vector<float> x(static_cast<std::size_t>(rows * E), 1.0f), y(x.size());
+  using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  auto eigen_linear = [&](const float* wc) {
+    constexpr index_t cols = 512;
+    alibi::detail::parallel_for(threads, E / cols, [&](index_t item) {
+      Eigen::Map<matrix, Eigen::Unaligned, Eigen::OuterStride<>> Y(y.data() + item * cols, rows,
+                                                                   cols, Eigen::OuterStride<>(E));
+      const Eigen::Map<const matrix> X(x.data(), rows, E);
+      const Eigen::Map<const matrix> W(wc + item * cols * E, cols, E);
+      Y.noalias() = X * W.transpose();
+    });
+  };
   auto step = [&] {
-    for (const auto& wc : w)
-      ops::linear<float>(be, x.data(), E, 1, E, wc.data(), nullptr, E, y.data(), E, false, nullptr);
+    for (const auto& wc : w) {
+      if (eigen_blocks)
+        eigen_linear(wc.data());
+      else
+        ops::linear<float>(be, x.data(), E, rows, E, wc.data(), nullptr, E, y.data(), E, false,
+                           nullptr);
+    }
     benchmark::DoNotOptimize(y.data());
   };
   step();
@@ -222,9 +250,8 @@ void BM_sgemm_1024(benchmark::State& state) {
 
 BENCHMARK(BM_sgemm_1024)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_decode_projections)
-    ->Arg(1)
-    ->Arg(2)
-    ->ArgNames({"threads"})
+    ->ArgsProduct({{1, 2, 4, 16}, {1, 2}, {0, 1}})
+    ->ArgNames({"rows", "threads", "eigen_blocks"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()
     ->Iterations(200)
@@ -253,6 +280,14 @@ BENCHMARK(BM_layer_decode)
     ->ArgsProduct({{512, 2048, 8192}, {1, 2}, {0, 1}, {1}})
     ->ArgsProduct({{8192}, {1, 2}, {0, 1}, {0}})
     ->ArgNames({"cache", "threads", "fp16", "skip"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+
+BENCHMARK(BM_layer_decode_tokens)
+    ->ArgsProduct({{2048}, {1, 4}, {1, 2}})
+    ->ArgNames({"cache", "tokens", "threads"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Repetitions(3)

@@ -364,6 +364,67 @@ TEST_CASE("layers: one-token rows sliced from a longer batch (row stride = batch
                        sliced.begin() + (b * L + 2) * E));
 }
 
+TEST_CASE(
+    "layers: projections of a few rows (decoding) against double; a row's bits depend on "
+    "neither the number of rows nor the thread count",
+    "[layers]") {
+  using ops = alibi::detail::layer_ops<cpu>;
+  constexpr double eps = std::numeric_limits<float>::epsilon();
+  // in: with a scalar tail, whole packets; out: groups of 8 weight rows with a tail, more
+  // than one block of 128 columns. 16 rows take the few-rows products, 17 Eigen's GEMM.
+  for (index_t in : {1, 37, 1000, 1024})
+    for (index_t out : {1, 9, 300})
+      for (bool accumulate : {false, true}) {
+        const index_t rows = 17, ldx = in + 3, ldy = out + 5;  // strided rows
+        const auto x = randn(rows * ldx, 11), w = randn(out * in, 12), bias = randn(out, 13);
+        const auto y0 = randn(rows * ldy, 14);
+        auto run = [&](index_t m, int threads) {
+          std::vector<float> y = y0;
+          ops::linear<float>(cpu{threads}, x.data(), ldx, m, in, w.data(), bias.data(), out,
+                             y.data(), ldy, accumulate, nullptr);
+          return y;
+        };
+        const std::vector<float> few = run(16, 1), gemm = run(17, 1);
+        // Any order of summation of n + 2 terms errs by at most gamma(n + 2) times the sum of
+        // their magnitudes (Higham, Accuracy and Stability of Numerical Algorithms, 3.1).
+        const double gamma = (in + 2) * eps / (1 - (in + 2) * eps);
+        for (index_t r = 0; r < rows; ++r)
+          for (index_t c = 0; c < out; ++c) {
+            const std::size_t at = static_cast<std::size_t>(r * ldy + c);
+            double ref = bias[static_cast<std::size_t>(c)], mag = std::abs(ref);
+            if (accumulate) {
+              ref += y0[at];
+              mag += std::abs(y0[at]);
+            }
+            for (index_t e = 0; e < in; ++e) {
+              const double p = static_cast<double>(x[static_cast<std::size_t>(r * ldx + e)]) *
+                               w[static_cast<std::size_t>(c * in + e)];
+              ref += p;
+              mag += std::abs(p);
+            }
+            INFO("in " << in << " out " << out << " accumulate " << accumulate << " row " << r
+                       << " column " << c);
+            REQUIRE(std::abs(gemm[at] - ref) <= gamma * mag);
+            if (r < 16) REQUIRE(std::abs(few[at] - ref) <= gamma * mag);
+          }
+        // Padding between the rows is untouched.
+        for (index_t r = 0; r < rows; ++r)
+          for (index_t c = out; c < ldy; ++c) {
+            const std::size_t at = static_cast<std::size_t>(r * ldy + c);
+            REQUIRE(few[at] == y0[at]);
+            REQUIRE(gemm[at] == y0[at]);
+          }
+        for (index_t m : {1, 2, 3, 5, 15}) {
+          const std::vector<float> part = run(m, 1);
+          for (index_t r = 0; r < 16; ++r)
+            REQUIRE(std::equal(part.begin() + r * ldy, part.begin() + (r + 1) * ldy,
+                               (r < m ? few : y0).begin() + r * ldy));
+        }
+        REQUIRE(run(16, 2) == few);
+        REQUIRE(run(16, 3) == few);
+      }
+}
+
 TEST_CASE("layers: results do not depend on the thread count (bitwise)", "[layers]") {
   alibi::layer_config lc;
   lc.attention.embed_dim = 64;

@@ -19,6 +19,7 @@
 #include "alibi/backend/eigen/attention_backward.hpp"
 #include "alibi/backend/eigen/key_norms.hpp"
 #include "alibi/backend/eigen/parallel.hpp"
+#include "alibi/backend/eigen/small_rows.hpp"
 #include "alibi/backend/eigen/workspace.hpp"
 #include "alibi/backend/reference/attention.hpp"
 #include "alibi/backend/reference/attention_backward.hpp"
@@ -90,12 +91,36 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
     });
   }
 
+  /// Calls with at most this many rows (a decoding step's tokens, a few speculative tokens, a
+  /// small batch) go through cpu::few_rows_products on the eigen backend with fp32, in blocks
+  /// of few_rows_cols output columns, rather than Eigen's product: Eigen's GEMM takes a few
+  /// rows through its narrowest paths (with AVX-512, fewer rows than a packet holds), and
+  /// reads the weights at a fraction of the memory's speed (BM_decode_projections: four
+  /// 1024 x 1024 projections of 2 rows from memory read 5-10 GB/s against 18-25 with
+  /// few_rows_products). A row's results are then bitwise the same whatever the number of
+  /// rows up to few_rows. Why blocks of 128 columns: a call's blocks are handed out one at a
+  /// time, so a helper thread that wakes late still finds some left (with two blocks of 512
+  /// columns per call the caller sat waiting for it: one-token projections on two threads
+  /// took 1.01-1.18x the time, probe_few_rows.log).
+  static constexpr index_t few_rows = 16, few_rows_cols = 128;
+
   /// y (rows, out) = act(x (rows, in) w (out, in)^T + bias), or y += x w^T + bias.
   template <class T>
   static void linear(const Backend& be, const T* x, index_t ldx, index_t rows, index_t in,
                      const T* w, const T* bias, index_t out, T* y, index_t ldy, bool accumulate,
                      const activation* act) {
     if (rows == 0 || out == 0) return;
+    if constexpr (std::is_same<Backend, backend::eigen>::value && std::is_same<T, float>::value) {
+      if (rows <= few_rows && in > 0) {
+        parallel_for(threads(be), (out + few_rows_cols - 1) / few_rows_cols, [&](index_t item) {
+          const index_t c0 = item * few_rows_cols, nc = std::min(few_rows_cols, out - c0);
+          cpu::few_rows_products(x, ldx, rows, w + c0 * in, in, nc, in, y + c0, ldy, accumulate);
+          map<T> Y(y + c0, rows, nc, Eigen::OuterStride<>(ldy));  // (rows, nc)
+          finish_block(Y, bias == nullptr ? nullptr : bias + c0, act);
+        });
+        return;
+      }
+    }
     for_each_block(be, rows, out, [&](index_t r0, index_t c0, index_t nr, index_t nc) {
       map<T> Y(y + r0 * ldy + c0, nr, nc, Eigen::OuterStride<>(ldy));  // (nr, nc)
       if (in == 0) {
@@ -108,10 +133,17 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
         else
           Y.noalias() = X * W.transpose();
       }
-      if (bias != nullptr)
-        Y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias + c0, nc);
-      if (act != nullptr) apply(*act, Y);
+      finish_block(Y, bias == nullptr ? nullptr : bias + c0, act);
     });
+  }
+
+  /// The end of linear on one block of y: + bias (its columns' entries), then act.
+  template <class M>
+  static void finish_block(M& y, const typename M::Scalar* bias, const activation* act) {
+    using T = typename M::Scalar;
+    if (bias != nullptr)
+      y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias, y.cols());
+    if (act != nullptr) apply(*act, y);
   }
 
   template <class M>

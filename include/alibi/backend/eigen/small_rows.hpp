@@ -354,6 +354,46 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
   for (; t < m; ++t) scores_rows<1, 8>(q + t, k, ldk, bk, d, s + t, pace);
 }
 
+/// y[t * ldy + j] = x[t] . w_j, or += with `accumulate`, for the rows t < m of x (x[t] at
+/// x + t * ldx) and the rows j < n of w (w_j at w + j * ldw), d elements each: a projection
+/// of a few tokens (a decoding step's rows, a few speculative tokens, a small batch) through
+/// the dot products of small_scores, with each element summed in its own order (so a row's
+/// results are bitwise the same whatever m and the blocking).
+///
+/// Eight rows of w at a time, and the rows of x two at a time over them (16 chains): the
+/// eight rows are eight runs read from memory side by side, and stay in L1 for the other
+/// pairs. Why eight: each row of w is a run of its own (4 KiB for d = 1024 fp32: a page,
+/// which the hardware prefetcher must pick up anew), and the weights stream about as fast as
+/// the runs read at once allow. Measured on this project's Zen 5 guest, four 1024 x 1024 fp32
+/// projections of 2 rows from memory, one thread (bench/results/decode-2026-12-05-epyc/
+/// probe_few_rows.log): small_scores' blocking (2 rows of x against 4 rows of w) read the
+/// weights at 17-18 GB/s, each row of x alone against 8 rows of w 21-23, this 24-25 (one
+/// row: 27-30 GB/s, as Eigen's matrix-vector product; Eigen's GEMM with 2 rows: 10 GB/s).
+template <class T>
+void few_rows_products(const float* x, index_t ldx, index_t m, const T* w, index_t ldw, index_t n,
+                       index_t d, float* y, index_t ldy, bool accumulate) {
+  constexpr index_t keys = 8;
+  const auto unpaced = [] {};
+  for (index_t j = 0; j < n; j += keys) {
+    const index_t nj = std::min(keys, n - j);
+    const T* wj = w + j * ldw;
+    for (index_t t = 0; t < m; t += 2) {
+      const float* q[2] = {x + t * ldx, x + std::min(t + 1, m - 1) * ldx};
+      alignas(32) float part[2][keys];
+      float* s[2] = {part[0], part[1]};
+      if (t + 1 < m)
+        scores_rows<2, keys>(q, wj, ldw, nj, d, s, unpaced);
+      else
+        scores_rows<1, keys>(q, wj, ldw, nj, d, s, unpaced);
+      for (index_t r = t; r < std::min(t + 2, m); ++r) {
+        float* yr = y + r * ldy + j;
+        for (index_t u = 0; u < nj; ++u)
+          yr[u] = accumulate ? yr[u] + part[r - t][u] : part[r - t][u];
+      }
+    }
+  }
+}
+
 /// The accumulators of R rows over the NB blocks from block u of a tile of K in blocks
 /// (key_blocks.hpp; block u at k + u * ldk, a row-major (d, 16) matrix): acc[t * C + c],
 /// C = NB * 16 / lanes, holds the scores of row t and keys 16 u + c lanes .. (the tile's
