@@ -425,6 +425,54 @@ TEST_CASE(
       }
 }
 
+TEMPLATE_TEST_CASE(
+    "layers: a sequence's prompt and decode steps give the same bits alone and in "
+    "a batch (at most 16 rows per call)",
+    "[layers]", float, Eigen::half) {
+  using S = TestType;
+  alibi::layer_config lc;
+  lc.attention.embed_dim = 64;
+  lc.attention.q_heads = 8;
+  lc.attention.kv_heads = 2;
+  lc.ff_dim = 300;
+  alibi::transformer_layer<float, cpu> layer(lc, cpu{2});
+  set_all(layer, random_weights(layer, 21));
+  const index_t B = 3, E = 64, prompt = 5, steps = 3;  // B * prompt = 15 rows: few-rows products
+  const auto x = randn(B * (prompt + steps) * E, 22);  // (B, prompt + steps, E)
+  alibi::forward_options o;
+  o.mask.causal = true;
+  // Runs sequences [b0, b0 + n) together: the prompt, then one token per step; returns every
+  // output row, (n, prompt + steps, E).
+  auto run = [&](index_t b0, index_t n) {
+    auto cache = alibi::kv_cache<float, cpu, S>::for_module(layer, n, prompt + steps);
+    const index_t T = prompt + steps;
+    std::vector<float> in(static_cast<std::size_t>(n * prompt * E)),
+        out(static_cast<std::size_t>(n * T * E));
+    for (index_t b = 0; b < n; ++b)
+      std::copy_n(x.begin() + (b0 + b) * T * E, prompt * E, in.begin() + b * prompt * E);
+    layer.forward(alibi::make_view<const float>(in.data(), n, prompt, E),
+                  alibi::make_view(in.data(), n, prompt, E), cache, o);
+    for (index_t b = 0; b < n; ++b)
+      std::copy_n(in.begin() + b * prompt * E, prompt * E, out.begin() + b * T * E);
+    for (index_t t = prompt; t < T; ++t) {
+      std::vector<float> tok(static_cast<std::size_t>(n * E));
+      for (index_t b = 0; b < n; ++b)
+        std::copy_n(x.begin() + ((b0 + b) * T + t) * E, E, tok.begin() + b * E);
+      layer.forward(alibi::make_view<const float>(tok.data(), n, 1, E),
+                    alibi::make_view(tok.data(), n, 1, E), cache, o);
+      for (index_t b = 0; b < n; ++b)
+        std::copy_n(tok.begin() + b * E, E, out.begin() + (b * T + t) * E);
+    }
+    return out;
+  };
+  const std::vector<float> batch = run(0, B);
+  const index_t T = prompt + steps;
+  for (index_t b = 0; b < B; ++b) {
+    const std::vector<float> alone = run(b, 1);
+    REQUIRE(std::equal(alone.begin(), alone.end(), batch.begin() + b * T * E));
+  }
+}
+
 TEST_CASE("layers: results do not depend on the thread count (bitwise)", "[layers]") {
   alibi::layer_config lc;
   lc.attention.embed_dim = 64;
