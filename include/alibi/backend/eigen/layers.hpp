@@ -96,12 +96,12 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
   /// of few_rows_cols output columns, rather than Eigen's product: Eigen's GEMM takes a few
   /// rows through its narrowest paths (with AVX-512, fewer rows than a packet holds), and
   /// reads the weights at a fraction of the memory's speed (BM_decode_projections: four
-  /// 1024 x 1024 projections of 2 rows from memory read 5-10 GB/s against 18-25 with
-  /// few_rows_products). A row's results are then bitwise the same whatever the number of
-  /// rows up to few_rows. Why blocks of 128 columns: a call's blocks are handed out one at a
-  /// time, so a helper thread that wakes late still finds some left (with two blocks of 512
-  /// columns per call the caller sat waiting for it: one-token projections on two threads
-  /// took 1.01-1.18x the time, probe_few_rows.log).
+  /// 1024 x 1024 projections of 2 rows from memory read 8-13 GB/s against 21-36 with
+  /// few_rows_products, one and two threads, projections25.log). A row's results are then bitwise
+  /// the same whatever the number of rows up to few_rows. Why blocks of 128 columns: a call's
+  /// blocks are handed out one at a time, so a helper thread that wakes late still finds some left
+  /// (with Eigen's product for one row on two threads, two blocks of 512 columns per call took
+  /// 0.97-1.19x the time of eight of 128, probe_few_rows.log).
   static constexpr index_t few_rows = 16, few_rows_cols = 128;
 
   /// y (rows, out) = act(x (rows, in) w (out, in)^T + bias), or y += x w^T + bias.
