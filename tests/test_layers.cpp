@@ -385,8 +385,9 @@ TEST_CASE(
           return y;
         };
         const std::vector<float> few = run(16, 1), gemm = run(17, 1);
-        // Any order of summation of n + 2 terms errs by at most gamma(n + 2) times the sum of
-        // their magnitudes (Higham, Accuracy and Stability of Numerical Algorithms, 3.1).
+        // An inner product of n terms in any order (products rounded or fused) errs by at most
+        // gamma(n) times the sum of their magnitudes (Higham, Accuracy and Stability of
+        // Numerical Algorithms, 3.1); adding the bias and y0 makes it gamma(n + 2).
         const double gamma = (in + 2) * eps / (1 - (in + 2) * eps);
         for (index_t r = 0; r < rows; ++r)
           for (index_t c = 0; c < out; ++c) {
@@ -407,7 +408,8 @@ TEST_CASE(
             REQUIRE(std::abs(gemm[at] - ref) <= gamma * mag);
             if (r < 16) REQUIRE(std::abs(few[at] - ref) <= gamma * mag);
           }
-        // Padding between the rows is untouched.
+        // Padding between the rows is untouched, and row 16 by the call of 16 rows.
+        REQUIRE(std::equal(few.begin() + 16 * ldy, few.end(), y0.begin() + 16 * ldy));
         for (index_t r = 0; r < rows; ++r)
           for (index_t c = out; c < ldy; ++c) {
             const std::size_t at = static_cast<std::size_t>(r * ldy + c);
@@ -431,13 +433,20 @@ TEMPLATE_TEST_CASE(
     "[layers]", float, Eigen::half) {
   using S = TestType;
   alibi::layer_config lc;
-  lc.attention.embed_dim = 64;
+  lc.attention.embed_dim = 72;  // rows of 288 and 1200 bytes: most start off a 64-byte line
   lc.attention.q_heads = 8;
   lc.attention.kv_heads = 2;
   lc.ff_dim = 300;
+  const bool llama_like = GENERATE(false, true);
+  if (llama_like) {  // the other activation, norm and feed-forward network
+    lc.norm = alibi::norm_position::pre;
+    lc.norm_kind = alibi::norm_type::rms_norm;
+    lc.ffn = alibi::ffn_type::gated;
+    lc.act = alibi::activation::silu;
+  }
   alibi::transformer_layer<float, cpu> layer(lc, cpu{2});
   set_all(layer, random_weights(layer, 21));
-  const index_t B = 3, E = 64, prompt = 5, steps = 3;  // B * prompt = 15 rows: few-rows products
+  const index_t B = 3, E = 72, prompt = 5, steps = 3;  // B * prompt = 15 rows: few-rows products
   const auto x = randn(B * (prompt + steps) * E, 22);  // (B, prompt + steps, E)
   alibi::forward_options o;
   o.mask.causal = true;

@@ -368,11 +368,15 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
 /// projections of 2 rows from memory, one thread (bench/results/decode-2026-12-05-epyc/
 /// probe_few_rows.log): small_scores' blocking (2 rows of x against 4 rows of w) read the
 /// weights at 17-18 GB/s, each row of x alone against 8 rows of w 21-23, this 24-25 (one
-/// row: 27-30 GB/s, as Eigen's matrix-vector product; Eigen's GEMM with 2 rows: 10 GB/s).
+/// row: 27-29 GB/s, as Eigen's matrix-vector product; Eigen's GEMM with 2 rows: 10 GB/s).
 template <class T>
 void few_rows_products(const float* x, index_t ldx, index_t m, const T* w, index_t ldw, index_t n,
                        index_t d, float* y, index_t ldy, bool accumulate) {
-  constexpr index_t keys = 8;
+  // 16 accumulators and 8 rows of w in registers: with 16 vector registers (AVX2), 4 rows.
+  // Pairs of rows hold 2 x pair_keys accumulators and pair_keys rows of w in registers:
+  // with 16 vector registers (AVX2), 4 rows of w at a time (8 spilled: 16 rows of x went
+  // 0.81-0.91x Eigen's speed in the probe, against 1.18-1.20x with 4).
+  constexpr index_t keys = 8, pair_keys = vector_registers >= 32 ? 8 : 4;
   const auto unpaced = [] {};
   for (index_t j = 0; j < n; j += keys) {
     const index_t nj = std::min(keys, n - j);
@@ -382,7 +386,7 @@ void few_rows_products(const float* x, index_t ldx, index_t m, const T* w, index
       alignas(32) float part[2][keys];
       float* s[2] = {part[0], part[1]};
       if (t + 1 < m)
-        scores_rows<2, keys>(q, wj, ldw, nj, d, s, unpaced);
+        scores_rows<2, pair_keys>(q, wj, ldw, nj, d, s, unpaced);
       else
         scores_rows<1, keys>(q, wj, ldw, nj, d, s, unpaced);
       for (index_t r = t; r < std::min(t + 2, m); ++r) {
