@@ -369,13 +369,13 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
 /// probe_few_rows.log): small_scores' blocking (2 rows of x against 4 rows of w) read the
 /// weights at 17-18 GB/s, each row of x alone against 8 rows of w 21-23, this 24-25 (one
 /// row: 27-29 GB/s, as Eigen's matrix-vector product; Eigen's GEMM with 2 rows: 10 GB/s).
+/// With 16 vector registers (AVX2) the pairs go against 4 rows of w (below).
 template <class T>
 void few_rows_products(const float* x, index_t ldx, index_t m, const T* w, index_t ldw, index_t n,
                        index_t d, float* y, index_t ldy, bool accumulate) {
-  // 16 accumulators and 8 rows of w in registers: with 16 vector registers (AVX2), 4 rows.
-  // Pairs of rows hold 2 x pair_keys accumulators and pair_keys rows of w in registers:
-  // with 16 vector registers (AVX2), 4 rows of w at a time (8 spilled: 16 rows of x went
-  // 0.81-0.91x Eigen's speed in the probe, against 1.18-1.20x with 4).
+  // Pairs of rows hold 2 x pair_keys accumulators and pair_keys rows of w in registers (25
+  // vectors with 8): with 16 vector registers (AVX2), 4 rows of w at a time (with 8, 16 rows
+  // of x went 0.81-0.91x Eigen's speed, with 4 1.18-1.29x; probe_few_rows_avx2.log).
   constexpr index_t keys = 8, pair_keys = vector_registers >= 32 ? 8 : 4;
   const auto unpaced = [] {};
   for (index_t j = 0; j < n; j += keys) {
