@@ -116,7 +116,7 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
           const index_t c0 = item * few_rows_cols, nc = std::min(few_rows_cols, out - c0);
           cpu::few_rows_products(x, ldx, rows, w + c0 * in, in, nc, in, y + c0, ldy, accumulate);
           map<T> Y(y + c0, rows, nc, Eigen::OuterStride<>(ldy));  // (rows, nc)
-          finish_block(Y, bias == nullptr ? nullptr : bias + c0, act);
+          finish_block(Y, bias, c0, act);
         });
         return;
       }
@@ -133,16 +133,18 @@ struct layer_ops<Backend, std::enable_if_t<std::is_same<Backend, backend::eigen>
         else
           Y.noalias() = X * W.transpose();
       }
-      finish_block(Y, bias == nullptr ? nullptr : bias + c0, act);
+      finish_block(Y, bias, c0, act);
     });
   }
 
-  /// The end of linear on one block of y: + bias (its columns' entries), then act.
+  /// The end of linear on the block of y whose first column is c0: + bias (its columns'
+  /// entries, when there is a bias), then act.
   template <class M>
-  static void finish_block(M& y, const typename M::Scalar* bias, const activation* act) {
+  static void finish_block(M& y, const typename M::Scalar* bias, index_t c0,
+                           const activation* act) {
     using T = typename M::Scalar;
     if (bias != nullptr)
-      y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias, y.cols());
+      y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias + c0, y.cols());
     if (act != nullptr) apply(*act, y);
   }
 
