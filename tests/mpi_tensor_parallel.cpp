@@ -10,7 +10,9 @@
 // zeros in padded rows. Decoding through per-rank KV caches (each rank caching its kv heads)
 // equals the full forward. The attention module alone is split by the test's own slicing of the
 // full module's parameters. Errors: ranks built with other configurations, heads the ranks do not
-// divide, forward calls of other shapes raise alibi::error on every rank. Exit status: the number
+// divide, forward calls of other shapes raise alibi::error on every rank. The layer and attention
+// cases run twice: with the eigen backend and with staged_eigen (tests/staged_backend.hpp), which
+// takes the all-reduce's host-staging path of backend::cuda on the CPU. Exit status: the number
 // of failed checks over all ranks (0 = pass).
 #include <mpi.h>
 
@@ -26,6 +28,7 @@
 #include <alibi/mpi.hpp>
 
 #include "layer_reference.hpp"
+#include "staged_backend.hpp"
 
 namespace {
 
@@ -150,7 +153,8 @@ struct variant {
   alibi::model_family fam;
 };
 
-void layer_case(const variant& var) {
+template <class Backend>
+void layer_case(const variant& var, const Backend& be) {
   const alibi::layer_config& cfg = var.fam.layer;
   const index_t E = cfg.attention.embed_dim, B = 2, L = 13, ld = E + 3;
   const std::vector<index_t> len = {13, 9};
@@ -158,7 +162,7 @@ void layer_case(const variant& var) {
   alibi::transformer_layer<float, cpu> full(cfg);
   const weight_map w = alibi_test::random_weights(full, 41);
   const alibi::safetensors file = checkpoint_of(var.fam, w);
-  alibi::mpi::tensor_parallel_layer<float, cpu> tp(MPI_COMM_WORLD, cfg, cpu{1});
+  alibi::mpi::tensor_parallel_layer<float, Backend> tp(MPI_COMM_WORLD, cfg, be);
   try {
     alibi::load_family_layer(tp.shard(), file, var.fam, 0, tp.slice());
   } catch (const alibi::error& e) {
@@ -197,7 +201,7 @@ void layer_case(const variant& var) {
     const auto dref = alibi_test::layer_ref<double>(
         full_cfg, w, alibi_test::cast_vector<double>(d.x_ref), 1, T, dm);
     const auto dnaive = alibi_test::layer_ref<float>(full_cfg, w, d.x_ref, 1, T, dm);
-    auto cache = alibi::kv_cache<float, cpu>::for_module(tp.shard(), 1, 16);
+    auto cache = alibi::kv_cache<float, Backend>::for_module(tp.shard(), 1, 16);
     std::vector<float> got(static_cast<std::size_t>(T * E));
     alibi::forward_options dopt;
     dopt.mask.causal = true;
@@ -215,14 +219,15 @@ void layer_case(const variant& var) {
 
 /// The attention module alone: the full module's weights sliced here (rows of the rank's
 /// heads; columns of out_proj), independently of the library's loader.
-void attention_case() {
+template <class Backend>
+void attention_case(const Backend& be, const std::string& tag) {
   alibi::mha_config cfg;
   cfg.embed_dim = 96;
   cfg.q_heads = 24;
   cfg.kv_heads = 12;
   alibi::multi_head_attention<float, cpu> full(cfg);
   const weight_map w = alibi_test::random_weights(full, 51);
-  alibi::mpi::tensor_parallel_attention<float, cpu> tp(MPI_COMM_WORLD, cfg, cpu{1});
+  alibi::mpi::tensor_parallel_attention<float, Backend> tp(MPI_COMM_WORLD, cfg, be);
   const index_t hd = 4, hq = 24 / P, hkv = 12 / P, E = 96;
   for (const alibi::parameter_info& p : tp.shard().parameters()) {
     const named_tensor& t = w.at(p.name);
@@ -255,7 +260,7 @@ void attention_case() {
   opt.k_lengths = opt.q_lengths;
   tp.forward(alibi::make_view<const float>(in.x.data(), B, L, E),
              alibi::make_view(out.data(), B, L, E), opt);
-  check("attention alone, bidirectional, GQA 24/12", out, E, ref, naive, B, L, E, len);
+  check(tag + "attention alone, bidirectional, GQA 24/12", out, E, ref, naive, B, L, E, len);
 }
 
 /// A call that must fail on every rank with a message containing `says`.
@@ -330,14 +335,22 @@ int main(int argc, char** argv) {
       {"mpt (Wqkv, GQA 24/12, biases)", alibi::families::mpt(96, 24, 1, 4, 12, false)});
   variants.push_back(
       {"baichuan (W_pack, RMSNorm, SwiGLU)", alibi::families::baichuan(96, 12, 384, 1)});
-  for (const variant& v : variants) {
-    try {
-      layer_case(v);
-    } catch (const alibi::error& e) {
-      fail(v.name + ": " + e.what());
+  for (bool staged : {false, true})
+    for (variant v : variants) {
+      if (staged) v.name = "staged: " + v.name;
+      try {
+        if (staged)
+          layer_case(v, staged_eigen{{1}});
+        else
+          layer_case(v, cpu{1});
+      } catch (const alibi::error& e) {
+        fail(v.name + ": " + e.what());
+      }
     }
-  }
-  attention_case();
+  attention_case(cpu{1}, "");
+  attention_case(staged_eigen{{1}}, "staged: ");
+  if (alibi::detail::layer_ops<staged_eigen>::staged_copies == 0)
+    fail("staged: no staging copy was made");
   error_cases();
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -10,6 +10,10 @@
 // partial call), so the ALiBi distances and the masks are those of the whole sequence.
 // Pairs of parts that ALiBi makes negligible are skipped by the far-tile bound (far-chunk
 // skipping), and a part that no later rank needs stops travelling.
+//
+// Every function takes a host backend (eigen, reference: MPI reads and writes the buffers they
+// compute on) or backend::cuda (include <alibi/cuda.cuh> first, in a .cu file): its tensors
+// stay in device memory and the parts MPI sends and receives are staged through host buffers.
 #pragma once
 
 #include <mpi.h>
@@ -127,6 +131,104 @@ inline bool any_key(const mask_spec& m, index_t qpos, index_t qlen, index_t kpos
 
 /// max(a, b), NaN when either is NaN (a NaN key norm must keep its chunk from being skipped).
 inline float nan_max(float a, float b) { return a != a || b != b ? a + b : std::max(a, b); }
+
+/// Whether the MPI functions stage a backend's tensors through host memory. MPI reads and
+/// writes host buffers; a backend that computes in device memory (backend::cuda) has its
+/// parts copied between the two (layer_ops<Backend>::stage_rows), and the planning (lengths,
+/// norms, the far-chunk bound) reads host copies. Host backends compute on the buffers MPI
+/// fills, without copies.
+template <class Backend>
+inline constexpr bool staged = !alibi::detail::reads_host_memory<Backend>;
+
+template <class Backend>
+using ops_of = alibi::detail::layer_ops<Backend>;
+
+/// A (batch, heads, rows) view as a (batch, heads, rows, 1) one: a logsumexp as rows of one
+/// value, for copy_rows.
+template <class T>
+tensor_view<T, 4> as_rows(const tensor_view<T, 3>& t) {
+  return make_strided_view<T, 4>(t.data, {t.extents[0], t.extents[1], t.extents[2], 1},
+                                 {t.strides[0], t.strides[1], t.strides[2], 1});
+}
+
+/// dst = src, two (batch, heads, rows, dim) views of one shape whose rows are contiguous
+/// (stride(3) 1). Host backends: host memory, copied here. Staged backends: each side in host
+/// memory or the backend's (stage_rows tells the direction from the pointers), one strided
+/// copy per (batch, head), queued on the backend's stream; `wait` waits for it (needed before
+/// the host reads rows it wrote, or reuses rows it read).
+template <class Backend>
+void copy_rows(const Backend& be, const tensor_view<const float, 4>& src,
+               const tensor_view<float, 4>& dst, bool wait = true) {
+  const index_t B = src.extents[0], H = src.extents[1], n = src.extents[2], d = src.extents[3];
+  if (B <= 0 || H <= 0 || n <= 0 || d <= 0) return;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h) {
+      if constexpr (staged<Backend>)
+        ops_of<Backend>::stage_rows(be, src.ptr(b, h, 0), src.strides[2], dst.ptr(b, h, 0),
+                                    dst.strides[2], n, d);
+      else
+        for (index_t i = 0; i < n; ++i)
+          std::memcpy(dst.ptr(b, h, i), src.ptr(b, h, i),
+                      static_cast<std::size_t>(d) * sizeof(float));
+    }
+  if constexpr (staged<Backend>)
+    if (wait) ops_of<Backend>::fence(be);
+}
+
+/// count contiguous values between host memory and a staged backend's, either way, queued
+/// (the caller fences).
+template <class Backend, class T>
+void stage(const Backend& be, const T* src, T* dst, index_t count) {
+  static_assert(staged<Backend>, "alibi::mpi: stage() is for staged backends");
+  if (count > 0) ops_of<Backend>::stage_rows(be, src, count, dst, count, 1, count);
+}
+
+/// The values the MPI functions plan with on the host: params.q_lengths, k_lengths and caller
+/// slopes. Host backends: params itself. Staged backends: copies of those views (which may be
+/// in either memory), and `params` points at the copies; a copy that fails is `error`, which
+/// the caller reports through the ranks' agreement rather than raising on one rank alone.
+struct host_params {
+  attention_params params;
+  std::string error;
+
+  template <class Backend>
+  host_params(const Backend& be, const attention_params& p) : params(p) {
+    if constexpr (staged<Backend>) {
+      using ops = ops_of<Backend>;
+      try {
+        auto lengths = [&](tensor_view<const index_t, 1>& view, std::vector<index_t>& keep) {
+          if (view.data == nullptr || view.extents[0] <= 0) return;
+          keep.resize(static_cast<std::size_t>(view.extents[0]));
+          ops::stage_rows(be, view.data, view.strides[0], keep.data(), index_t(1), view.extents[0],
+                          index_t(1));
+          view = make_view<const index_t>(keep.data(), view.extents[0]);
+        };
+        lengths(params.q_lengths, q_lengths_);
+        lengths(params.k_lengths, k_lengths_);
+        tensor_view<const float, 2>& s = params.slopes.values;
+        if (s.data != nullptr && s.extents[0] > 0 && s.extents[1] > 0) {
+          const index_t rows = s.extents[0], heads = s.extents[1];
+          slopes_.resize(static_cast<std::size_t>(rows * heads));
+          for (index_t b = 0; b < rows; ++b)
+            ops::stage_rows(be, s.data + b * s.strides[0], s.strides[1], slopes_.data() + b * heads,
+                            index_t(1), heads, index_t(1));
+          s = make_view<const float>(slopes_.data(), rows, heads);
+        }
+        ops::fence(be);
+      } catch (const alibi::error& e) {
+        error = e.what();
+      }
+    } else {
+      (void)be;
+    }
+  }
+  host_params(const host_params&) = delete;  // params points into this object
+  host_params& operator=(const host_params&) = delete;
+
+ private:
+  std::vector<index_t> q_lengths_, k_lengths_;
+  std::vector<float> slopes_;
+};
 
 /// The far-chunk plan of ring_attention: which pairs (query segment of this rank, key
 /// segment of a rank) ALiBi makes negligible. The bound is far-tile skipping's
@@ -349,13 +451,15 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
                            const tensor_view<const float, 4>& k,
                            const tensor_view<const float, 4>& v, const tensor_view<float, 4>& out,
                            const tensor_view<float, 3>& lse, const attention_params& params,
-                           std::int64_t layout, bool far_chunks, const std::string& extra_error) {
+                           const host_params& host, std::int64_t layout, bool far_chunks,
+                           const std::string& extra_error) {
   using alibi::detail::str;
   using D = call_descriptor;
   int P = 1;
   check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
   // This rank's own checks, reported to every rank through the descriptor.
   std::string local_error;
+  const attention_params& hp = host.params;  // the values, in host memory
   const index_t n = q.extents[2];
   const index_t B = q.extents[0];
   if (params.q_offsets.data || params.k_offsets.data || params.key_mask.data ||
@@ -367,11 +471,13 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
     local_error = fn + ": params.k_lengths must have one length per batch entry (" + str(B) + ")";
   else if (params.q_lengths.data && !params.k_lengths.data)
     local_error = fn + ": params.q_lengths needs params.k_lengths (the sequences' lengths)";
-  else if (params.k_lengths.data && [&] {
+  else if (!host.error.empty())
+    local_error = fn + ": " + host.error;
+  else if (hp.k_lengths.data && [&] {
              for (index_t b = 0; b < B; ++b)
-               if (params.k_lengths(b) < 0 ||
-                   (params.q_lengths.data && (params.q_lengths.extents[0] != B ||
-                                              params.q_lengths(b) != params.k_lengths(b))))
+               if (hp.k_lengths(b) < 0 ||
+                   (hp.q_lengths.data &&
+                    (hp.q_lengths.extents[0] != B || hp.q_lengths(b) != hp.k_lengths(b))))
                  return true;
              return false;
            }())
@@ -425,7 +531,7 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   mine.w[D::layout] = layout;
   mine.w[D::far_chunks] = far_chunks ? 1 : 0;
   mine.w[D::with_lse] = lse.data ? 1 : 0;
-  mine.w[D::lengths] = view_hash(params.k_lengths, params.k_lengths.extents[0], 1);
+  mine.w[D::lengths] = view_hash(hp.k_lengths, hp.k_lengths.extents[0], 1);
   mine.w[D::seq_len] = n;
   const std::vector<std::int64_t> all =
       agree_words(comm, fn, mine.w, D::count, D::seq_len, field_name, local_error);
@@ -433,11 +539,11 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   std::vector<index_t> lengths(static_cast<std::size_t>(P));
   index_t total = 0;
   for (int r = 0; r < P; ++r) total += lengths[static_cast<std::size_t>(r)] = word(r, D::seq_len);
-  for (index_t b = 0; params.k_lengths.data && b < B; ++b)
-    if (params.k_lengths(b) > total)
-      alibi::detail::raise(
-          error(fn + ": params.k_lengths(" + str(b) + ") = " + str(params.k_lengths(b)) +
-                " is longer than the sequence (" + str(total) + " rows over the ranks)"));
+  for (index_t b = 0; hp.k_lengths.data && b < B; ++b)
+    if (hp.k_lengths(b) > total)
+      alibi::detail::raise(error(fn + ": params.k_lengths(" + str(b) +
+                                 ") = " + str(hp.k_lengths(b)) + " is longer than the sequence (" +
+                                 str(total) + " rows over the ranks)"));
   return lengths;
 }
 
@@ -450,7 +556,12 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
 /// q_heads, n, v_head_dim) receives them, as one attention() call over the whole sequences
 /// would give them. n may differ between ranks (contiguous layout). q and out may be any
 /// strides `attention()` accepts; lse (batch, q_heads, n), optional, receives the rows'
-/// logsumexp. Host backends (backend::eigen, backend::reference), float.
+/// logsumexp. Float, on a host backend (backend::eigen, backend::reference) or on
+/// backend::cuda: q, k, v, out and lse in device memory (as for attention() there), the K/V
+/// parts staged through host buffers for MPI (each part received is uploaded to the device
+/// at the step it is computed; the computation queued on backend.stream runs while the next
+/// parts are in flight); params' lengths and caller slopes in device or host memory (copied
+/// to the host to plan). The call synchronizes backend.stream before it returns.
 ///
 /// params: scale, mask (causal, windows), slopes and skip_far_tiles as in attention(),
 /// applied at global positions. params.k_lengths (batch), optional, is each sequence's
@@ -493,9 +604,13 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   int rank = 0, P = 1;
   detail::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   detail::check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+  using ops = detail::ops_of<Backend>;
+  constexpr bool staged = detail::staged<Backend>;
+  const detail::host_params host(backend, params);
+  const attention_params& hp = host.params;  // what the planning reads, in host memory
 
   const std::vector<index_t> lengths =
-      detail::agree(comm, fn, backend, q, k, v, out, lse, params,
+      detail::agree(comm, fn, backend, q, k, v, out, lse, params, host,
                     static_cast<std::int64_t>(options.layout), options.skip_far_chunks,
                     options.layout == ring_layout::zigzag && q.extents[2] % 2 != 0
                         ? fn + ": the zigzag layout needs an even number of rows per rank, got " +
@@ -520,8 +635,8 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   // Each sequence's length (params.k_lengths; the rows after it are padding) and the valid
   // rows of a run of positions.
   std::vector<index_t> seq_len(static_cast<std::size_t>(B), std::numeric_limits<index_t>::max());
-  for (index_t b = 0; params.k_lengths.data && b < B; ++b)
-    seq_len[static_cast<std::size_t>(b)] = params.k_lengths(b);
+  for (index_t b = 0; hp.k_lengths.data && b < B; ++b)
+    seq_len[static_cast<std::size_t>(b)] = hp.k_lengths(b);
   auto valid = [&](const detail::segment& g, index_t b) {
     return std::clamp<index_t>(seq_len[static_cast<std::size_t>(b)] - g.pos, 0, g.len);
   };
@@ -562,8 +677,9 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   const bool skipping =
       options.skip_far_chunks && params.skip_far_tiles && params.slopes.enabled && P * nseg > 1;
 
-  // K/V parts travel as contiguous (batch, kv_heads, rows, dim) buffers; for each direction
-  // two of each, the one in hand and the one arriving (the own part is kbuf[0][0]).
+  // K/V parts travel as contiguous (batch, kv_heads, rows, dim) buffers in host memory; for
+  // each direction two of each, the one in hand and the one arriving (the own part is
+  // kbuf[0][0]).
   index_t max_len = 0;
   for (index_t len : lengths) max_len = std::max(max_len, len);
   const std::size_t kcap = static_cast<std::size_t>(B * Hkv * max_len * Dk);
@@ -580,28 +696,42 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       kbuf[d][i].resize(kcap);
       vbuf[d][i].resize(vcap);
     }
-  auto pack = [&](const tensor_view<const float, 4>& t, index_t d, float* dst) {
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < Hkv; ++h)
-        for (index_t j = 0; j < n; ++j)
-          std::memcpy(dst + ((b * Hkv + h) * n + j) * d, t.ptr(b, h, j),
-                      static_cast<std::size_t>(d) * sizeof(float));
-  };
-  pack(k, Dk, kbuf[0][0].data());
-  pack(v, Dv, vbuf[0][0].data());
+  detail::copy_rows(backend, k, make_view(kbuf[0][0].data(), B, Hkv, n, Dk));
+  detail::copy_rows(backend, v, make_view(vbuf[0][0].data(), B, Hkv, n, Dv));
+  // Staged backends compute on copies in their memory: a part that arrived (one per
+  // direction), uploaded at the step it is taken up; their own part is the caller's k and v.
+  alibi::detail::backend_buffer<Backend, float> kdev[2], vdev[2];
+  if constexpr (staged)
+    for (int d = 0; d < (ccw ? 2 : 1); ++d) {
+      ops::resize(kdev[d], static_cast<index_t>(kcap));
+      ops::resize(vdev[d], static_cast<index_t>(vcap));
+    }
 
-  // Partial results: (out, lse) accumulated in place; each further part into a scratch pair.
-  std::vector<float> acc_lse(static_cast<std::size_t>(B * Hq * n));
-  std::vector<float> part_out(static_cast<std::size_t>(B * Hq * n * Dv));
-  std::vector<float> part_lse(acc_lse.size());
+  // Partial results, in the backend's memory: (out, lse) accumulated in place; each further
+  // part into a scratch pair.
+  const index_t rows_all = B * Hq * n;
+  alibi::detail::backend_buffer<Backend, float> acc_lse, part_out, part_lse;
+  ops::resize(acc_lse, rows_all);
+  ops::resize(part_out, rows_all * Dv);
+  ops::resize(part_lse, rows_all);
   const auto acc_lse_v = make_view(acc_lse.data(), B, Hq, n);
   const auto part_out_v = make_view(part_out.data(), B, Hq, n, Dv);
   const auto part_lse_v = make_view(part_lse.data(), B, Hq, n);
   // Nothing yet: out 0 and lse -inf, which merge_partials treats as "no keys".
-  for (index_t b = 0; b < B; ++b)
-    for (index_t h = 0; h < Hq; ++h)
-      for (index_t i = 0; i < n; ++i) std::fill(out.ptr(b, h, i), out.ptr(b, h, i) + Dv, 0.0f);
-  std::fill(acc_lse.begin(), acc_lse.end(), -std::numeric_limits<float>::infinity());
+  const std::vector<float> no_keys(static_cast<std::size_t>(rows_all),
+                                   -std::numeric_limits<float>::infinity());
+  if constexpr (staged) {
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hq && n > 0 && Dv > 0; ++h)
+        ops::zero_rows(backend, out.ptr(b, h, 0), out.strides[2], n, Dv);
+    detail::stage(backend, no_keys.data(), acc_lse.data(), rows_all);
+    ops::fence(backend);
+  } else {
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hq; ++h)
+        for (index_t i = 0; i < n; ++i) std::fill(out.ptr(b, h, i), out.ptr(b, h, i) + Dv, 0.0f);
+    std::copy(no_keys.begin(), no_keys.end(), acc_lse.data());
+  }
 
   const int next = (rank + 1) % P, prev = (rank + P - 1) % P;
   std::int64_t calls = 0, masked = 0, skipped = 0, sent = 0, full_ring = 0;
@@ -620,10 +750,11 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
         plan_of(s, a, c) = live(qs, ks) ? pair_plan::compute : pair_plan::masked;
       }
   // The far-chunk plan needs the key norms of every segment (one MPI_Allgather of
-  // (batch, kv_heads) maxima per segment) and this rank's query norms.
+  // (batch, kv_heads) maxima per segment) and this rank's query norms, from host copies.
   detail::far_chunks far;
+  std::vector<float> q_host, lse_host;  // staged backends: q and the rows' logsumexp so far
   if (skipping) {
-    attention_params pp = params;
+    attention_params pp = hp;
     pp.mask = {};
     pp.q_lengths = pp.k_lengths = {};  // the slopes and the scale are all it is asked for
     alibi::detail::make_problem(q, k, v, out, pp, true, far.prob, fn.c_str()).throw_if_failed();
@@ -636,8 +767,9 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       for (index_t b = 0; b < B; ++b)
         for (index_t h = 0; h < Hkv; ++h) {
           float m = 0.0f;
+          const float* own = kbuf[0][0].data() + ((b * Hkv + h) * n + my_segments[a].row) * Dk;
           for (index_t j = 0; j < valid(my_segments[a], b); ++j)  // padding may hold NaN
-            m = detail::nan_max(m, detail::row_norm(k.ptr(b, h, my_segments[a].row + j), Dk));
+            m = detail::nan_max(m, detail::row_norm(own + j * Dk, Dk));
           mine[(a * static_cast<std::size_t>(B) + static_cast<std::size_t>(b)) *
                    static_cast<std::size_t>(Hkv) +
                static_cast<std::size_t>(h)] = m;
@@ -649,16 +781,35 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
         "MPI_Allgather (key norms)");
     far.rows = n;
     far.seq_len = seq_len;
-    far.qnorm.resize(static_cast<std::size_t>(B * Hq * n));
+    tensor_view<const float, 4> qh = q;
+    if constexpr (staged) {
+      q_host.resize(static_cast<std::size_t>(rows_all * Dk));
+      detail::copy_rows(backend, q, make_view(q_host.data(), B, Hq, n, Dk));
+      qh = make_view<const float>(q_host.data(), B, Hq, n, Dk);
+      lse_host.resize(static_cast<std::size_t>(rows_all));
+    }
+    far.qnorm.resize(static_cast<std::size_t>(rows_all));
     for (index_t b = 0; b < B; ++b)
       for (index_t h = 0; h < Hq; ++h)
         for (index_t i = 0; i < n; ++i)
           far.qnorm[static_cast<std::size_t>((b * Hq + h) * n + i)] =
-              detail::row_norm(q.ptr(b, h, i), Dk);
+              detail::row_norm(qh.ptr(b, h, i), Dk);
+    // The rows' logsumexp so far, which the bound compares with: host backends read the
+    // accumulator itself; staged ones a copy, refreshed before each part is taken up (the
+    // copy is older than the accumulator, a lower bound of it: the bound stays valid).
+    far.lse = staged ? make_view(lse_host.data(), B, Hq, n) : acc_lse_v;
   }
+  auto refresh_lse = [&] {
+    if constexpr (staged)
+      if (skipping) {
+        detail::stage(backend, acc_lse.data(), lse_host.data(), rows_all);
+        ops::fence(backend);
+      }
+  };
 
   // One pair, or a part of one (query heads [h0, h0 + hn) on kv heads [g0, g0 + gn)): its
   // partial attention at global positions, merged into (out, acc_lse).
+  alibi::detail::backend_buffer<Backend, index_t> index_scratch[4];
   auto attend = [&](const detail::segment& qs, const detail::segment& ks,
                     const tensor_view<const float, 4>& kpart,
                     const tensor_view<const float, 4>& vpart, index_t h0, index_t hn, index_t g0,
@@ -672,10 +823,11 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       klen[static_cast<std::size_t>(b)] = valid(ks, b);
     }
     attention_params p = params;
-    p.q_offsets = make_view(qoff.data(), B);
-    p.k_offsets = make_view(koff.data(), B);
-    p.q_lengths = make_view<const index_t>(qlen.data(), B);
-    p.k_lengths = make_view<const index_t>(klen.data(), B);
+    // In the backend's memory (staged: copied there, queued behind the previous call).
+    p.q_offsets = ops::per_batch(backend, qoff, index_scratch[0]);
+    p.k_offsets = ops::per_batch(backend, koff, index_scratch[1]);
+    p.q_lengths = ops::per_batch(backend, qlen, index_scratch[2]);
+    p.k_lengths = ops::per_batch(backend, klen, index_scratch[3]);
     if (hn != Hq) {  // the heads' own slopes
       if (p.slopes.values.data) {
         p.slopes.values.data += h0 * p.slopes.values.strides[1];
@@ -722,6 +874,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   auto pairs_with = [&](int src, const tensor_view<const float, 4>& kpart,
                         const tensor_view<const float, 4>& vpart, bool diagonal_done) {
     const bool wanted = src == rank || need[static_cast<std::size_t>(rank * P + src)];
+    if (wanted) refresh_lse();
     for (std::size_t a = 0; a < nseg; ++a)
       for (std::size_t c = 0; c < nseg; ++c) {
         if (diagonal_done && a == c) continue;
@@ -774,8 +927,24 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     auto part_view = [&](float* data, int src, index_t d) {
       return make_view<const float>(data, B, Hkv, lengths[static_cast<std::size_t>(src)], d);
     };
+    // A part that arrived, where the backend computes: staged backends upload it (the host
+    // buffer is not written again before the fence at the end of the step).
+    auto computed = [&](float* data, int src, index_t d, int dir,
+                        alibi::detail::backend_buffer<Backend, float>(&dev)[2]) {
+      if constexpr (staged) {
+        detail::stage(backend, data, dev[dir].data(),
+                      B * Hkv * lengths[static_cast<std::size_t>(src)] * d);
+        return part_view(dev[dir].data(), src, d);
+      } else {
+        (void)dir;
+        (void)dev;
+        return part_view(data, src, d);
+      }
+    };
     if (step == 0) {
-      const auto kpart = part_view(kin[0], rank, Dk), vpart = part_view(vin[0], rank, Dv);
+      // Staged backends compute on the caller's k and v, host ones on the packed copy.
+      const auto kpart = staged ? k : part_view(kin[0], rank, Dk);
+      const auto vpart = staged ? v : part_view(vin[0], rank, Dv);
       // Each segment against itself first: the rows' normalizers the bound compares with.
       for (std::size_t a = 0; a < nseg; ++a)
         if (plan_of(rank, a, a) == pair_plan::compute)
@@ -783,7 +952,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
         else
           ++masked;  // an empty segment
       if (skipping) {
-        far.lse = acc_lse_v;
+        refresh_lse();
         std::vector<int> mine(static_cast<std::size_t>(P), 0);
         for (int s = 0; s < P; ++s)
           for (std::size_t a = 0; a < nseg; ++a)
@@ -803,7 +972,12 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       for (int d = 0; d < 2; ++d) {
         const int src = along(rank, step, 1 - d);
         if (direction(rank, src) != d) continue;
-        pairs_with(src, part_view(kin[d], src, Dk), part_view(vin[d], src, Dv), false);
+        if (!need[static_cast<std::size_t>(rank * P + src)]) {
+          pairs_with(src, {}, {}, false);  // counts the pairs only
+          continue;
+        }
+        pairs_with(src, computed(kin[d], src, Dk, d, kdev), computed(vin[d], src, Dv, d, vdev),
+                   false);
       }
     }
     if (nreq > 0) {
@@ -811,11 +985,14 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       detail::check_mpi(MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE), "MPI_Waitall (K/V ring)");
       waited += MPI_Wtime() - t0;
     }
+    // Staged: the uploads of this step's host buffers are done before the next step's
+    // messages overwrite them (the computation queued behind them overlapped the messages).
+    ops::fence(backend);
   }
   if (lse.data)
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < Hq; ++h)
-        for (index_t i = 0; i < n; ++i) lse(b, h, i) = acc_lse_v(b, h, i);
+    detail::copy_rows(backend, detail::as_rows<const float>(acc_lse_v), detail::as_rows(lse),
+                      false);
+  ops::fence(backend);  // staged: out and lse are written when the call returns
   if (stats) {
     stats->chunk_calls += calls;
     stats->chunks_masked += masked;
@@ -835,7 +1012,9 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
 /// its columns of caller slopes), and the outputs (and logsumexps) go back by a second
 /// all-to-all. params.k_lengths: as for ring_attention. One call per rank sees the whole sequence,
 /// so far-tile skipping is as effective as in one process; each rank sends and receives (P - 1) / P
-/// of its q, k, v and out.
+/// of its q, k, v and out. Backends as for ring_attention: with backend::cuda the rows go to
+/// host buffers for MPI_Alltoall, the whole sequences of the rank's heads to the device for
+/// the attention() call, and the outputs back the same way.
 template <class Backend>
 void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const float, 4> q,
                         tensor_view<const float, 4> k, tensor_view<const float, 4> v,
@@ -846,6 +1025,9 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
   int rank = 0, P = 1;
   detail::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   detail::check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+  using ops = detail::ops_of<Backend>;
+  constexpr bool staged = detail::staged<Backend>;
+  const detail::host_params host(backend, params);
   std::string refusal;
   if (q.extents[1] % P != 0 || k.extents[1] % P != 0)
     refusal = fn + ": q_heads (" + str(q.extents[1]) + ") and kv_heads (" + str(k.extents[1]) +
@@ -854,20 +1036,29 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
     refusal = fn + ": params.slopes.values must have one column per query head";
   // 2 for the layout word: no ring layout, its own kind of call.
   const std::vector<index_t> lengths =
-      detail::agree(comm, fn, backend, q, k, v, out, lse, params, 2, false, refusal);
+      detail::agree(comm, fn, backend, q, k, v, out, lse, params, host, 2, false, refusal);
   for (int r = 1; r < P; ++r)
     if (lengths[static_cast<std::size_t>(r)] != lengths[0])
       alibi::detail::raise(error(fn + ": every rank must hold the same number of rows: rank 0 " +
                                  "has " + str(lengths[0]) + ", rank " + std::to_string(r) +
                                  " has " + str(lengths[static_cast<std::size_t>(r)])));
-  const index_t B = q.extents[0], n = q.extents[2], L = n * P;
+  const index_t B = q.extents[0], n = q.extents[2], L = n * P, Hq_all = q.extents[1];
   const index_t hq = q.extents[1] / P, hkv = k.extents[1] / P;  // heads per rank
   const index_t Dk = q.extents[3], Dv = v.extents[3];
 
   // Sequence -> heads: block p of the send buffer is this rank's rows of rank p's heads,
   // (batch, heads / P, n, dim); block p of the receive buffer is rank p's rows of this rank's
   // heads, which are rows [p n, (p + 1) n) of the whole sequences.
-  auto to_heads = [&](const tensor_view<const float, 4>& t, index_t h_per, index_t d) {
+  // Staged backends: the rows are first copied to host memory, and the whole sequences
+  // of this rank's heads back to the backend's (`dev`).
+  auto to_heads = [&](tensor_view<const float, 4> t, index_t h_per, index_t d,
+                      alibi::detail::backend_buffer<Backend, float>& dev) {
+    std::vector<float> rows;
+    if constexpr (staged) {
+      rows.resize(static_cast<std::size_t>(B * t.extents[1] * n * d));
+      detail::copy_rows(backend, t, make_view(rows.data(), B, t.extents[1], n, d));
+      t = make_view<const float>(rows.data(), B, t.extents[1], n, d);
+    }
     const std::size_t block = static_cast<std::size_t>(B * h_per * n * d);
     std::vector<float> send(block * static_cast<std::size_t>(P)), recv(send.size());
     for (int p = 0; p < P; ++p)
@@ -886,14 +1077,41 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
           std::memcpy(whole.data() + ((b * h_per + h) * L + p * n) * d,
                       recv.data() + p * block + ((b * h_per + h) * n) * d,
                       static_cast<std::size_t>(n * d) * sizeof(float));
-    return whole;
+    if constexpr (staged) {
+      ops::resize(dev, static_cast<index_t>(whole.size()));
+      detail::stage(backend, whole.data(), dev.data(), static_cast<index_t>(whole.size()));
+      ops::fence(backend);  // before `whole` goes
+      return std::vector<float>();
+    } else {
+      (void)dev;
+      return whole;
+    }
   };
-  const std::vector<float> qh = to_heads(q, hq, Dk), kh = to_heads(k, hkv, Dk),
-                           vh = to_heads(v, hkv, Dv);
+  alibi::detail::backend_buffer<Backend, float> qd, kd, vd, od, ld;
+  const std::vector<float> qh = to_heads(q, hq, Dk, qd), kh = to_heads(k, hkv, Dk, kd),
+                           vh = to_heads(v, hkv, Dv, vd);
+  // The outputs of this rank's heads, (batch, hq, L, dim): where the backend computes.
   std::vector<float> oh(static_cast<std::size_t>(B * hq * L * Dv));
   std::vector<float> lh(static_cast<std::size_t>(B * hq * L));
+  float *o_at = oh.data(), *l_at = lh.data();
+  const float *q_at = qh.data(), *k_at = kh.data(), *v_at = vh.data();
+  if constexpr (staged) {
+    ops::resize(od, static_cast<index_t>(oh.size()));
+    ops::resize(ld, static_cast<index_t>(lh.size()));
+    o_at = od.data();
+    l_at = ld.data();
+    q_at = qd.data();
+    k_at = kd.data();
+    v_at = vd.data();
+  }
   attention_params p = params;
-  p.q_lengths = p.k_lengths;  // each sequence's length, for its queries and keys
+  // Each sequence's length, for its queries and keys, in the backend's memory.
+  std::vector<index_t> seq_lengths;
+  alibi::detail::backend_buffer<Backend, index_t> lengths_dev;
+  if (host.params.k_lengths.data) {
+    for (index_t b = 0; b < B; ++b) seq_lengths.push_back(host.params.k_lengths(b));
+    p.q_lengths = p.k_lengths = ops::per_batch(backend, seq_lengths, lengths_dev);
+  }
   if (p.slopes.values.data) {
     p.slopes.values.data += rank * hq * p.slopes.values.strides[1];
     p.slopes.values.extents[1] = hq;
@@ -901,11 +1119,15 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
     p.slopes.global_heads = params.slopes.global_heads > 0 ? params.slopes.global_heads : hq * P;
     p.slopes.head_offset = params.slopes.head_offset + rank * hq;
   }
-  if (lse.data) p.logsumexp = make_view(lh.data(), B, hq, L);
-  attention(backend, make_view<const float>(qh.data(), B, hq, L, Dk),
-            make_view<const float>(kh.data(), B, hkv, L, Dk),
-            make_view<const float>(vh.data(), B, hkv, L, Dv), make_view(oh.data(), B, hq, L, Dv),
-            p);
+  if (lse.data) p.logsumexp = make_view(l_at, B, hq, L);
+  attention(backend, make_view<const float>(q_at, B, hq, L, Dk),
+            make_view<const float>(k_at, B, hkv, L, Dk),
+            make_view<const float>(v_at, B, hkv, L, Dv), make_view(o_at, B, hq, L, Dv), p);
+  if constexpr (staged) {
+    detail::stage(backend, o_at, oh.data(), static_cast<index_t>(oh.size()));
+    if (lse.data) detail::stage(backend, l_at, lh.data(), static_cast<index_t>(lh.size()));
+    ops::fence(backend);
+  }
 
   // Heads -> sequence: block p is rank p's rows of this rank's heads.
   auto to_rows = [&](const std::vector<float>& whole, index_t d, auto&& store) {
@@ -926,11 +1148,30 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
           for (index_t i = 0; i < n; ++i)
             store(b, r * hq + h, i, recv.data() + r * block + ((b * hq + h) * n + i) * d);
   };
+  // Staged backends: into host rows of out's and lse's shape, then copied to them.
+  std::vector<float> out_rows, lse_rows;
+  tensor_view<float, 4> out_h = out;
+  tensor_view<float, 3> lse_h = lse;
+  if constexpr (staged) {
+    out_rows.resize(static_cast<std::size_t>(B * Hq_all * n * Dv));
+    out_h = make_view(out_rows.data(), B, Hq_all, n, Dv);
+    if (lse.data) {
+      lse_rows.resize(static_cast<std::size_t>(B * Hq_all * n));
+      lse_h = make_view(lse_rows.data(), B, Hq_all, n);
+    }
+  }
   to_rows(oh, Dv, [&](index_t b, index_t h, index_t i, const float* src) {
-    std::memcpy(out.ptr(b, h, i), src, static_cast<std::size_t>(Dv) * sizeof(float));
+    std::memcpy(out_h.ptr(b, h, i), src, static_cast<std::size_t>(Dv) * sizeof(float));
   });
   if (lse.data)
-    to_rows(lh, 1, [&](index_t b, index_t h, index_t i, const float* src) { lse(b, h, i) = *src; });
+    to_rows(lh, 1,
+            [&](index_t b, index_t h, index_t i, const float* src) { lse_h(b, h, i) = *src; });
+  if constexpr (staged) {
+    detail::copy_rows(backend, tensor_view<const float, 4>(out_h), out, false);
+    if (lse.data)
+      detail::copy_rows(backend, detail::as_rows<const float>(lse_h), detail::as_rows(lse), false);
+    ops::fence(backend);
+  }
 }
 
 namespace detail {
@@ -942,16 +1183,30 @@ MPI_Datatype mpi_type() {
   return std::is_same<T, float>::value ? MPI_FLOAT : MPI_DOUBLE;
 }
 
-/// In place: rows (count, cols), row stride ld, host memory, summed over the ranks of comm
-/// (MPI_Allreduce; rows with gaps go through `pack`).
-template <class T>
-void allreduce_rows(MPI_Comm comm, T* rows, index_t ld, index_t count, index_t cols,
-                    std::vector<T>& pack) {
+/// In place: rows (count, cols), row stride ld, in the backend's memory, summed over the
+/// ranks of comm (MPI_Allreduce). Rows with gaps, and every staged backend's rows, go through
+/// `pack` in host memory.
+template <class T, class Backend>
+void allreduce_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld, index_t count,
+                    index_t cols, std::vector<T>& pack) {
   const index_t n = count * cols;
   if (n > std::numeric_limits<int>::max())
     alibi::detail::raise(
         error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 1 "
               "elements (one MPI message's count)"));
+  if constexpr (staged<Backend>) {
+    if (n == 0) return;
+    using ops = ops_of<Backend>;
+    pack.resize(static_cast<std::size_t>(n));
+    ops::stage_rows(be, static_cast<const T*>(rows), ld, pack.data(), cols, count, cols);
+    ops::fence(be);  // the layer's queued work, then the copy, are done
+    check_mpi(
+        MPI_Allreduce(MPI_IN_PLACE, pack.data(), static_cast<int>(n), mpi_type<T>(), MPI_SUM, comm),
+        "MPI_Allreduce (tensor-parallel partial sums)");
+    ops::stage_rows(be, static_cast<const T*>(pack.data()), cols, rows, ld, count, cols);
+    ops::fence(be);  // before `pack` is written again
+    return;
+  }
   if (ld == cols || count <= 1) {
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, rows, static_cast<int>(n), mpi_type<T>(), MPI_SUM, comm),
               "MPI_Allreduce (tensor-parallel partial sums)");
@@ -1091,10 +1346,6 @@ std::string tp_local_check(const tensor_view<const T, 3>& x, const tensor_view<T
 /// it), the agreement of every forward call and the all-reduce staging.
 template <class T, class Backend, template <class, class> class Module, class Config>
 class tensor_parallel_base {
-  static_assert(alibi::detail::reads_host_memory<Backend>,
-                "alibi::mpi tensor parallelism: host backends (the all-reduce reads host "
-                "memory)");
-
  public:
   tensor_parallel_base(const tensor_parallel_base&) = delete;  // the shard's hook holds this
   tensor_parallel_base& operator=(const tensor_parallel_base&) = delete;
@@ -1107,7 +1358,7 @@ class tensor_parallel_base {
 
  protected:
   tensor_parallel_base(MPI_Comm comm, const Config& config, const Backend& backend, const char* fn)
-      : comm_(comm), slice_(slice_of(comm)), fn_(fn) {
+      : comm_(comm), backend_(backend), slice_(slice_of(comm)), fn_(fn) {
     tp_words d;
     words(d, config);
     std::string local_error;
@@ -1130,7 +1381,7 @@ class tensor_parallel_base {
                 tp_local_check(x, out, embed_dim(shard_->config()), fn.c_str()));
   }
   void reduce(T* rows, index_t ld, index_t count, index_t cols) {
-    allreduce_rows(comm_, rows, ld, count, cols, pack_);
+    allreduce_rows(comm_, backend_, rows, ld, count, cols, pack_);
   }
 
   static void words(tp_words& d, const layer_config& c) { d.set_config(c.attention, &c); }
@@ -1139,6 +1390,7 @@ class tensor_parallel_base {
   static index_t embed_dim(const mha_config& c) { return c.embed_dim; }
 
   MPI_Comm comm_;
+  Backend backend_;
   tensor_parallel_slice slice_;
   std::string fn_;
   std::unique_ptr<Module<T, Backend>> shard_;
@@ -1157,7 +1409,9 @@ class tensor_parallel_base {
 /// biases. Load a rank's part of a checkpoint with load_family_layer(layer.shard(), file,
 /// family, i, layer.slice()) or set the shard's parameters. KV caches hold the shard's kv heads
 /// (kv_cache<T, Backend>::for_module(layer.shard(), ...)): each rank caches 1 / P of them.
-/// Host backends (backend::eigen, backend::reference), float or double; forward only.
+/// Host backends (backend::eigen, backend::reference), float or double, or backend::cuda,
+/// float (x and out in device memory; each all-reduce copies the partial sums to the host
+/// and back, synchronizing backend.stream); forward only.
 ///
 /// Errors: heads or ff_dim that the ranks do not divide, ranks built with different
 /// configurations, or forward calls that differ in shape, masks, lengths, key mask or cache

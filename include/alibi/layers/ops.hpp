@@ -32,10 +32,12 @@ namespace detail {
 ///   rms_norm(be, x, ldx, y, ldy, rows, n, gamma, eps)          y may be x
 ///   multiply(be, a, lda, b, ldb, rows, cols)      a *= b element-wise
 ///   copy_rows(be, src, lds, dst, ldd, rows, cols), zero_rows(be, dst, ld, rows, cols)
+///   stage_rows(be, src, lds, dst, ldd, rows, cols)  backends outside host memory only: rows
+///       between host memory and the backend's, either way (alibi::mpi's host staging)
 ///   per_batch(be, const std::vector<index_t>&, buffer<index_t>& scratch) and
 ///   key_mask(be, host (batch, k_len) view, buffer<bool>& scratch): the views attention()
 ///       reads for this backend (host memory, or a copy in device memory)
-///   fence(be)                                     waits for queued work (timings only)
+///   fence(be)                                     waits for queued work (timings, staging)
 template <class Backend, class Enable = void>
 struct layer_ops {
   static_assert(dependent_false<Backend>::value,

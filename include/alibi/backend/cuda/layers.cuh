@@ -322,6 +322,28 @@ struct layer_ops<backend::cuda> {
                           cudaMemcpyDeviceToDevice, be.stream),
         "cudaMemcpy2DAsync (rows)");
   }
+  /// Rows between host memory and device memory, either way (or device to device): the
+  /// pointers tell the direction (cudaMemcpyDefault, unified addressing). Queued on the
+  /// stream; fence(be) before the host reads rows it wrote or reuses rows it read. Host
+  /// memory may be pageable. Row strides below the row (broadcast rows) copy row by row.
+  template <class T>
+  static void stage_rows(const backend::cuda& be, const T* src, index_t lds, T* dst, index_t ldd,
+                         index_t rows, index_t cols) {
+    if (rows <= 0 || cols <= 0) return;
+    const std::size_t width = static_cast<std::size_t>(cols) * sizeof(T);
+    if (rows == 1 || lds < cols || ldd < cols) {
+      for (index_t r = 0; r < rows; ++r)
+        cuda_detail::check(
+            cudaMemcpyAsync(dst + r * ldd, src + r * lds, width, cudaMemcpyDefault, be.stream),
+            "cudaMemcpyAsync (staging)");
+      return;
+    }
+    cuda_detail::check(
+        cudaMemcpy2DAsync(dst, static_cast<std::size_t>(ldd) * sizeof(T), src,
+                          static_cast<std::size_t>(lds) * sizeof(T), width,
+                          static_cast<std::size_t>(rows), cudaMemcpyDefault, be.stream),
+        "cudaMemcpy2DAsync (staging)");
+  }
   template <class T>
   static void zero_rows(const backend::cuda& be, T* dst, index_t ld, index_t rows, index_t cols) {
     if (rows == 0 || cols == 0) return;
