@@ -9,7 +9,9 @@
 #      the binaries in $ALIBI_GPU_PREBUILT (scripts/gpu-prebuild.sh makes them on a machine
 #      without a GPU) when they run here;
 #   3. runs the `cuda`-labelled tests and the CUDA example;
-#   4. runs compute-sanitizer memcheck and racecheck on the [sanitize] subset;
+#   4. runs compute-sanitizer memcheck and racecheck on the [sanitize] subset, and the MPI
+#      test with backend::cuda (alibi_mpi_ring_cuda, prebuilt only: 1-3 ranks on this GPU,
+#      under the Open MPI that scripts/gpu-deps.sh bundles, relocated with OPAL_PREFIX);
 #   5. runs the GPU benchmarks (median of 3; ALIBI_BENCH_FILTER selects some) and prints them
 #      beside PyTorch with the ratios, then the seeds' suite on the GPU (ALIBI_SUITE=0 leaves
 #      it out).
@@ -47,12 +49,14 @@ tests=$bin/tests/alibi_cuda_tests
 bench=$bin/bench/alibi_cuda_bench
 suite=$bin/bench/alibi_suite_cuda
 example=$bin/examples/alibi_example_cuda_attention
+mpi_test=
 pre=${ALIBI_GPU_PREBUILT:-}
 starts() { "$pre/alibi_cuda_bench" --help >/dev/null 2>&1 && "$pre/alibi_cuda_tests" --help >/dev/null 2>&1; }
 if [ -n "$pre" ] && starts; then
   step "prebuilt binaries from $pre"
   tests=$pre/alibi_cuda_tests bench=$pre/alibi_cuda_bench suite=$pre/alibi_suite_cuda
   example=$pre/alibi_example_cuda_attention
+  [ -x "$pre/alibi_mpi_ring_cuda" ] && mpi_test=$pre/alibi_mpi_ring_cuda
   cat "$pre/built.txt" 2>/dev/null
 else
   [ -n "$pre" ] && { echo "prebuilt binaries in $pre do not start here:"; ldd "$pre/alibi_cuda_tests" "$pre/alibi_cuda_bench" | grep "not found"; }
@@ -103,6 +107,34 @@ for tool in memcheck racecheck; do
   tail -5 "$results/$tool.log"
   [ $rc -ne 0 ] && status=1
 done
+
+step "MPI with backend::cuda (ring and all-to-all, 1-3 ranks sharing this GPU)"
+if [ -z "$mpi_test" ]; then
+  echo "skipped: no prebuilt alibi_mpi_ring_cuda (scripts/gpu-prebuild.sh builds it where MPI is installed)"
+elif [ ! -x "$prefix/bin/mpirun" ] && ! command -v mpirun >/dev/null; then
+  echo "skipped: no mpirun (scripts/gpu-deps.sh bundles Open MPI's run time)"
+else
+  for np in 1 2 3; do
+    # The bundled Open MPI when present: OPAL_PREFIX relocates its plugins and help files.
+    # Shared memory and self transports only; plugins whose libraries this machine lacks
+    # are skipped quietly.
+    (
+      if [ -x "$prefix/bin/mpirun" ]; then
+        export OPAL_PREFIX=$prefix PATH=$prefix/bin:$PATH
+        export LD_LIBRARY_PATH=$prefix/lib/x86_64-linux-gnu/openmpi/lib:$LD_LIBRARY_PATH
+        # PMIx does not follow OPAL_PREFIX: its plugins' folder is named.
+        export PMIX_MCA_mca_base_component_path=$prefix/lib/x86_64-linux-gnu/pmix2/lib/pmix
+      fi
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+        OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_mca_base_component_show_load_errors=0 \
+        timeout 120 mpirun -np "$np" "$mpi_test" >"$results/mpi_cuda.$np.log" 2>&1
+    )
+    rc=$?
+    echo "$np ranks: exit $rc"
+    grep -E "FAILED|failed checks|SKIPPED|rror" "$results/mpi_cuda.$np.log" | head -20
+    [ $rc -ne 0 ] && { status=1; tail -5 "$results/mpi_cuda.$np.log"; }
+  done
+fi
 
 if [ -n "$torch_pid" ]; then
   step "waiting for PyTorch"

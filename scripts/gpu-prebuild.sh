@@ -12,9 +12,12 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITEC
   -DALIBI_NATIVE=OFF -DALIBI_CUDA=ON >/dev/null
 cmake --build "$build" --target alibi_cuda_tests alibi_cuda_bench alibi_suite_cuda \
   alibi_example_cuda_attention
+# The MPI test with backend::cuda, where MPI is installed (the target exists then).
+mpi=
+if cmake --build "$build" --target alibi_mpi_ring_cuda; then mpi=$build/tests/alibi_mpi_ring_cuda; fi
 rm -rf .gpu-bin
 mkdir -p .gpu-bin
 cp "$build/tests/alibi_cuda_tests" "$build/bench/alibi_cuda_bench" "$build/bench/alibi_suite_cuda" \
-  "$build/examples/alibi_example_cuda_attention" .gpu-bin/
+  "$build/examples/alibi_example_cuda_attention" $mpi .gpu-bin/
 echo "built for sm_$arch from $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)') on $(date -u +%F)" >.gpu-bin/built.txt
 du -sh .gpu-bin
