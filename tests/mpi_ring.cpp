@@ -2,18 +2,97 @@
 // alibi::mpi::ring_attention and alltoall_attention under mpirun (ctest label mpi, 1, 2, 3 and 4
 // ranks; the cases are tests/mpi_ring_cases.hpp), with the eigen backend and with staged_eigen
 // (tests/staged_backend.hpp), which takes the host-staging path of backend::cuda on the CPU:
-// it must have staged copies, and its results are held to the same bounds. Exit status: the
-// number of failed checks over all ranks (0 = pass).
+// every staged call must make staging copies, and its results are held to the same bounds.
+// Then failures: a staging copy that throws on the last rank, at each of many points of a
+// call, must become an alibi::error on every rank (a hang would end the test by its timeout).
+// Exit status: the number of failed checks over all ranks (0 = pass).
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
 #include "mpi_ring_cases.hpp"
 #include "staged_backend.hpp"
 
+namespace {
+
+using alibi::index_t;
+using staged_ops = alibi::detail::layer_ops<staged_eigen>;
+
+struct staged_runner : mpi_cases::backend_runner<staged_eigen> {
+  staged_runner() : backend_runner({{1}}, "staged") {}
+  long long copies() const override { return staged_ops::staged_copies; }
+};
+
+/// A staging copy that fails on the last rank, at points spread over the T copies a call
+/// makes there (1: host_params' copy of the lengths; then the setup, the steps, the final
+/// copies, T): every rank raises, the failing one with its own message; at T + 1, none does.
+void injected_failures(mpi_cases::runner& r) {
+  using mpi_cases::P;
+  using mpi_cases::rank;
+  const index_t B = 2, H = 12, n = 16, D = 32;  // 12 heads: 1-4 ranks divide them
+  std::mt19937 rng(5);
+  std::normal_distribution<float> randn;
+  std::vector<float> x(static_cast<std::size_t>(B * H * n * D)), o(x.size());
+  for (float& e : x) e = randn(rng);
+  const std::vector<index_t> lengths = {n * P, n * P - 3};
+  alibi::attention_params params;
+  params.mask.causal = true;
+  params.slopes.max_bias = 2.0f;
+  params.k_lengths = alibi::make_view<const index_t>(lengths.data(), B);
+  std::vector<float> lse(static_cast<std::size_t>(B * H * n));
+  const auto in = alibi::make_view<const float>(x.data(), B, H, n, D);
+  const auto out = alibi::make_view(o.data(), B, H, n, D);
+  for (const bool alltoall : {false, true}) {
+    auto call = [&] {
+      if (alltoall)
+        r.alltoall(in, in, in, out, params, alibi::make_view(lse.data(), B, H, n));
+      else
+        r.ring(in, in, in, out, params, {}, alibi::make_view(lse.data(), B, H, n));
+    };
+    const long long before = staged_ops::staged_copies;
+    call();
+    const long long T = staged_ops::staged_copies - before;
+    std::vector<long long> points = {1,         2,     3,     T / 8, T / 4, T / 2,
+                                     3 * T / 4, T - 2, T - 1, T,     T + 1};
+    std::sort(points.begin(), points.end());
+    points.erase(std::unique(points.begin(), points.end()), points.end());
+    for (const long long at : points) {
+      if (at < 1) continue;
+      const std::string name = std::string(alltoall ? "alltoall" : "ring") +
+                               ", a staging copy failing at copy " + std::to_string(at);
+      const bool mine = rank == P - 1;
+      staged_ops::fail_at = mine ? staged_ops::staged_copies + at : -1;
+      std::string what;
+      try {
+        call();
+      } catch (const alibi::error& e) {
+        what = e.what();
+        if (what.empty()) what = "(empty message)";
+      }
+      const int fired = mine && staged_ops::fail_at == -1 ? 1 : 0;
+      staged_ops::fail_at = -1;
+      staged_ops::flush();
+      int any = 0;
+      MPI_Allreduce(&fired, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+      if (any && what.empty()) mpi_cases::fail(name + ": this rank did not raise");
+      if (!any && !what.empty()) mpi_cases::fail(name + ": raised without a failure: " + what);
+      if (fired && what.find("injected copy failure") == std::string::npos)
+        mpi_cases::fail(name + ": the failing rank's message '" + what + "' does not say why");
+      if (any && !fired && what.find("rank " + std::to_string(P - 1)) == std::string::npos)
+        mpi_cases::fail(name + ": the message '" + what + "' does not name the failing rank");
+      if (at == T + 1 && any) mpi_cases::fail(name + ": failed, but the call makes T copies");
+      if (at <= T && mine && !fired) mpi_cases::fail(name + ": the injected failure did not fire");
+    }
+    if (rank == 0)
+      std::printf("%d ranks, %s: a copy failing on rank %d at %zu points of its %lld copies\n", P,
+                  alltoall ? "alltoall" : "ring", P - 1, points.size(), T);
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   mpi_cases::backend_runner<alibi::backend::eigen> eigen({1}, "eigen");
-  mpi_cases::backend_runner<staged_eigen> staged({{1}}, "staged");
-  return mpi_cases::run_main(argc, argv, {&eigen, &staged}, [] {
-    // The staged runner went through the staging copies (a path that silently took the
-    // host branch would pass every other check).
-    if (alibi::detail::layer_ops<staged_eigen>::staged_copies == 0)
-      mpi_cases::fail("staged: no staging copy was made");
-  });
+  staged_runner staged;
+  return mpi_cases::run_main(argc, argv, {&eigen, &staged}, [&] { injected_failures(staged); });
 }

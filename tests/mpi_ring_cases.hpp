@@ -189,6 +189,7 @@ inline void run_case(runner& r, const test_case& c) {
   alibi::mpi::ring_stats stats;
   const auto out_view =
       alibi::make_strided_view<float, 4>(out.data(), {B, Hq, n, D}, {Hq * n * ld, n * ld, ld, 1});
+  const long long copies_before = r.copies();
   try {
     if (c.alltoall)
       r.alltoall(view(qp.data(), Hq), view(kp.data(), Hkv), view(vp.data(), Hkv), out_view, params,
@@ -227,6 +228,8 @@ inline void run_case(runner& r, const test_case& c) {
               std::max<double>(lse_err, std::fabs(got - want) / std::max(1.0f, std::fabs(want)));
       }
   const double bound = 2 * single_err + 8 * 0x1p-24 * std::max(1.0, scale);
+  if (copies_before >= 0 && r.copies() == copies_before)
+    fail(r.name() + ", " + c.name + ": no staging copy was made");
   if (nan) fail(c.name + ": NaN in the output");
   if (!guards) fail(c.name + ": a guard element between rows was written");
   if (!(err <= bound))

@@ -18,6 +18,8 @@ namespace mpi_cases {
 struct runner {
   virtual ~runner() = default;
   virtual std::string name() const = 0;
+  /// The staging copies made so far, for a runner whose calls must stage (else -1).
+  virtual long long copies() const { return -1; }
   /// One process over the whole sequences (params.logsumexp may be set).
   virtual void single(alibi::tensor_view<const float, 4> q, alibi::tensor_view<const float, 4> k,
                       alibi::tensor_view<const float, 4> v, alibi::tensor_view<float, 4> out,

@@ -275,6 +275,41 @@ void expect_error(const std::string& name, const std::string& says, F&& call) {
   }
 }
 
+/// A staging copy of the all-reduce (to the host, 1, or back, 2) failing on the last rank
+/// of a staged_eigen module: every rank raises, the failing one with its own message.
+void injected_failures() {
+  using staged_ops = alibi::detail::layer_ops<staged_eigen>;
+  alibi::mha_config cfg;
+  cfg.embed_dim = 48;
+  cfg.q_heads = 12;
+  alibi::mpi::tensor_parallel_attention<float, staged_eigen> tp(MPI_COMM_WORLD, cfg,
+                                                                staged_eigen{{1}});
+  std::vector<float> x(6 * 48, 0.5f), y(x.size());
+  for (const long long at : {1, 2, 3}) {
+    const std::string name = "staged all-reduce, a copy failing at copy " + std::to_string(at);
+    const bool mine = rank == P - 1;
+    staged_ops::fail_at = mine ? staged_ops::staged_copies + at : -1;
+    std::string what;
+    try {
+      tp.forward(alibi::make_view<const float>(x.data(), 1, 6, 48),
+                 alibi::make_view(y.data(), 1, 6, 48));
+    } catch (const alibi::error& e) {
+      what = e.what();
+      if (what.empty()) what = "(empty message)";
+    }
+    const int fired = mine && staged_ops::fail_at == -1 ? 1 : 0;
+    staged_ops::fail_at = -1;
+    staged_ops::flush();
+    int any = 0;
+    MPI_Allreduce(&fired, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (any && what.empty()) fail(name + ": this rank did not raise");
+    if (!any && !what.empty()) fail(name + ": raised without a failure: " + what);
+    if (fired && what.find("injected copy failure") == std::string::npos)
+      fail(name + ": the failing rank's message '" + what + "' does not say why");
+    if (at == 3 && any) fail(name + ": a forward makes two staging copies, not three");
+  }
+}
+
 void error_cases() {
   alibi::layer_config c;
   c.attention.embed_dim = 48;
@@ -338,6 +373,7 @@ int main(int argc, char** argv) {
   for (bool staged : {false, true})
     for (variant v : variants) {
       if (staged) v.name = "staged: " + v.name;
+      const long long copies = alibi::detail::layer_ops<staged_eigen>::staged_copies;
       try {
         if (staged)
           layer_case(v, staged_eigen{{1}});
@@ -346,11 +382,15 @@ int main(int argc, char** argv) {
       } catch (const alibi::error& e) {
         fail(v.name + ": " + e.what());
       }
+      if (staged && alibi::detail::layer_ops<staged_eigen>::staged_copies == copies)
+        fail(v.name + ": no staging copy was made");
     }
   attention_case(cpu{1}, "");
+  const long long copies = alibi::detail::layer_ops<staged_eigen>::staged_copies;
   attention_case(staged_eigen{{1}}, "staged: ");
-  if (alibi::detail::layer_ops<staged_eigen>::staged_copies == 0)
-    fail("staged: no staging copy was made");
+  if (alibi::detail::layer_ops<staged_eigen>::staged_copies == copies)
+    fail("staged: attention alone: no staging copy was made");
+  injected_failures();
   error_cases();
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -3,13 +3,23 @@
 // arithmetic, but a memory space other than the host's, so that the MPI functions take the
 // path they take for backend::cuda: the tensors copied between host buffers and "the
 // backend's memory" with layer_ops::stage_rows, the planning on host copies, the fences.
-// Here both memories are the host's; stage_rows copies and counts its calls, and every copy
-// checks that its two sides do not overlap (a staging copy never works in place).
+// Both memories are the host's here, so the copies behave as a stream's would:
+// - stage_rows reads its source when called (after the copies queued before it), but writes
+//   its destination only when the queue is flushed: at fence(), or before the next device
+//   operation (attention, merge, zero_rows, the next copy). A host read of copied rows
+//   without a fence sees the old values, and the tests fail;
+// - every copy checks that its two sides do not overlap;
+// - `fail_at` makes the copy with that number throw a std::runtime_error (not an
+//   alibi::error, as CUDA's errors are not), to test that a failure on one rank becomes an
+//   error on every rank.
 #pragma once
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <vector>
 
 #include <alibi/alibi.hpp>
 
@@ -21,17 +31,27 @@ namespace alibi {
 namespace detail {
 
 template <>
-struct attention_impl<staged_eigen> : attention_impl<backend::eigen> {};
-
-template <>
 struct layer_ops<staged_eigen> : layer_ops<backend::eigen> {
-  static inline long long staged_copies = 0;
+  using base = layer_ops<backend::eigen>;
+  static inline long long staged_copies = 0;                 // copies made so far
+  static inline long long fail_at = -1;                      // the copy number that throws, or -1
+  static inline std::vector<std::function<void()>> pending;  // queued destination writes
+
+  static void flush() {
+    for (const auto& write : pending) write();
+    pending.clear();
+  }
 
   template <class T>
   static void stage_rows(const staged_eigen&, const T* src, index_t lds, T* dst, index_t ldd,
                          index_t rows, index_t cols) {
     if (rows <= 0 || cols <= 0) return;
-    ++staged_copies;
+    flush();  // the copies and operations queued before this one have happened
+    if (++staged_copies == fail_at) {
+      fail_at = -1;
+      throw std::runtime_error("staged_eigen: injected copy failure");
+    }
+    std::vector<T> data(static_cast<std::size_t>(rows * cols));
     for (index_t r = 0; r < rows; ++r) {
       const T* s = src + r * lds;
       T* d = dst + r * ldd;
@@ -39,8 +59,34 @@ struct layer_ops<staged_eigen> : layer_ops<backend::eigen> {
         std::fprintf(stderr, "staged_eigen::stage_rows: overlapping copy\n");
         std::abort();
       }
-      std::memcpy(d, s, static_cast<std::size_t>(cols) * sizeof(T));
+      std::memcpy(data.data() + r * cols, s, static_cast<std::size_t>(cols) * sizeof(T));
     }
+    pending.push_back([data = std::move(data), dst, ldd, rows, cols] {
+      for (index_t r = 0; r < rows; ++r)
+        std::memcpy(dst + r * ldd, data.data() + r * cols,
+                    static_cast<std::size_t>(cols) * sizeof(T));
+    });
+  }
+  static void fence(const staged_eigen&) { flush(); }
+  template <class T>
+  static void zero_rows(const staged_eigen& be, T* dst, index_t ld, index_t rows, index_t cols) {
+    flush();
+    base::zero_rows(be, dst, ld, rows, cols);
+  }
+};
+
+template <>
+struct attention_impl<staged_eigen> : attention_impl<backend::eigen> {
+  using base = attention_impl<backend::eigen>;
+  template <class... A>
+  static void run(const staged_eigen& be, const A&... a) {
+    layer_ops<staged_eigen>::flush();
+    base::run(be, a...);
+  }
+  template <class T>
+  static void merge(const staged_eigen& be, const partial_merge_args<T>& a) {
+    layer_ops<staged_eigen>::flush();
+    base::merge(be, a);
   }
 };
 

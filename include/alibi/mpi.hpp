@@ -183,6 +183,43 @@ void stage(const Backend& be, const T* src, T* dst, index_t count) {
   if (count > 0) ops_of<Backend>::stage_rows(be, src, count, dst, count, 1, count);
 }
 
+/// After a stretch of work in which a rank may have failed (a staged backend's copy or
+/// allocation, say: `error` is this rank's failure, empty if none): one MPI_Allgather of a
+/// word per rank, then every rank raises, its own error or "rank r failed", or none does. So
+/// a failure on one rank never leaves the others waiting in the next collective.
+inline void all_succeeded(MPI_Comm comm, const std::string& fn, const std::string& error) {
+  int P = 1;
+  check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+  int mine = error.empty() ? 1 : 0;
+  std::vector<int> all(static_cast<std::size_t>(P));
+  check_mpi(MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, comm),
+            "MPI_Allgather (failure check)");
+  if (!error.empty()) alibi::detail::raise(alibi::error(error));
+  for (int r = 0; r < P; ++r)
+    if (all[static_cast<std::size_t>(r)] == 0)
+      alibi::detail::raise(
+          alibi::error(fn + ": rank " + std::to_string(r) + " failed (its error says why)"));
+}
+
+/// Runs f, for a staged backend with its exceptions caught into `failure` (the first only;
+/// after one, the later work is skipped) for all_succeeded to report on every rank. Host
+/// backends run f as it is.
+template <class Backend, class F>
+void guarded(std::string& failure, const std::string& fn, F&& f) {
+  if constexpr (staged<Backend>) {
+    if (!failure.empty()) return;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      failure = fn + ": " + e.what();
+    }
+  } else {
+    (void)failure;
+    (void)fn;
+    f();
+  }
+}
+
 /// The values the MPI functions plan with on the host: params.q_lengths, k_lengths and caller
 /// slopes. Host backends: params itself. Staged backends: copies of those views (which may be
 /// in either memory), and `params` points at the copies; a copy that fails is `error`, which
@@ -215,7 +252,7 @@ struct host_params {
           s = make_view<const float>(slopes_.data(), rows, heads);
         }
         ops::fence(be);
-      } catch (const alibi::error& e) {
+      } catch (const std::exception& e) {  // alibi::error, or the backend's (cuda_error)
         error = e.what();
       }
     } else {
@@ -560,8 +597,11 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
 /// backend::cuda: q, k, v, out and lse in device memory (as for attention() there), the K/V
 /// parts staged through host buffers for MPI (each part received is uploaded to the device
 /// at the step it is computed; the computation queued on backend.stream runs while the next
-/// parts are in flight); params' lengths and caller slopes in device or host memory (copied
-/// to the host to plan). The call synchronizes backend.stream before it returns.
+/// parts are in flight); params.k_lengths / q_lengths in device or host memory (copied to
+/// the host to plan), caller slopes in device memory (as attention() there reads them). The
+/// call synchronizes backend.stream before it returns. A CUDA error on one rank (a copy, an
+/// allocation, a kernel) is raised as an error on every rank at the next check (after the
+/// setup, after each step, at the end), never a hang.
 ///
 /// params: scale, mask (causal, windows), slopes and skip_far_tiles as in attention(),
 /// applied at global positions. params.k_lengths (batch), optional, is each sequence's
@@ -696,24 +736,35 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       kbuf[d][i].resize(kcap);
       vbuf[d][i].resize(vcap);
     }
-  detail::copy_rows(backend, k, make_view(kbuf[0][0].data(), B, Hkv, n, Dk));
-  detail::copy_rows(backend, v, make_view(vbuf[0][0].data(), B, Hkv, n, Dv));
+  // Staged backends: their copies, allocations and computations may fail on one rank; the
+  // failure is kept (`guard` skips the rest of this rank's work) and raised on every rank at
+  // the next check (detail::all_succeeded: after the setup, after each step, at the end).
+  std::string failure;
+  auto guard = [&](auto&& f) { detail::guarded<Backend>(failure, fn, f); };
+  guard([&] {
+    detail::copy_rows(backend, k, make_view(kbuf[0][0].data(), B, Hkv, n, Dk));
+    detail::copy_rows(backend, v, make_view(vbuf[0][0].data(), B, Hkv, n, Dv));
+  });
   // Staged backends compute on copies in their memory: a part that arrived (one per
   // direction), uploaded at the step it is taken up; their own part is the caller's k and v.
   alibi::detail::backend_buffer<Backend, float> kdev[2], vdev[2];
   if constexpr (staged)
-    for (int d = 0; d < (ccw ? 2 : 1); ++d) {
-      ops::resize(kdev[d], static_cast<index_t>(kcap));
-      ops::resize(vdev[d], static_cast<index_t>(vcap));
-    }
+    guard([&] {
+      for (int d = 0; d < (ccw ? 2 : 1); ++d) {
+        ops::resize(kdev[d], static_cast<index_t>(kcap));
+        ops::resize(vdev[d], static_cast<index_t>(vcap));
+      }
+    });
 
   // Partial results, in the backend's memory: (out, lse) accumulated in place; each further
   // part into a scratch pair.
   const index_t rows_all = B * Hq * n;
   alibi::detail::backend_buffer<Backend, float> acc_lse, part_out, part_lse;
-  ops::resize(acc_lse, rows_all);
-  ops::resize(part_out, rows_all * Dv);
-  ops::resize(part_lse, rows_all);
+  guard([&] {
+    ops::resize(acc_lse, rows_all);
+    ops::resize(part_out, rows_all * Dv);
+    ops::resize(part_lse, rows_all);
+  });
   const auto acc_lse_v = make_view(acc_lse.data(), B, Hq, n);
   const auto part_out_v = make_view(part_out.data(), B, Hq, n, Dv);
   const auto part_lse_v = make_view(part_lse.data(), B, Hq, n);
@@ -721,11 +772,13 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   const std::vector<float> no_keys(static_cast<std::size_t>(rows_all),
                                    -std::numeric_limits<float>::infinity());
   if constexpr (staged) {
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < Hq && n > 0 && Dv > 0; ++h)
-        ops::zero_rows(backend, out.ptr(b, h, 0), out.strides[2], n, Dv);
-    detail::stage(backend, no_keys.data(), acc_lse.data(), rows_all);
-    ops::fence(backend);
+    guard([&] {
+      for (index_t b = 0; b < B; ++b)
+        for (index_t h = 0; h < Hq && n > 0 && Dv > 0; ++h)
+          ops::zero_rows(backend, out.ptr(b, h, 0), out.strides[2], n, Dv);
+      detail::stage(backend, no_keys.data(), acc_lse.data(), rows_all);
+      ops::fence(backend);
+    });
   } else {
     for (index_t b = 0; b < B; ++b)
       for (index_t h = 0; h < Hq; ++h)
@@ -784,7 +837,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     tensor_view<const float, 4> qh = q;
     if constexpr (staged) {
       q_host.resize(static_cast<std::size_t>(rows_all * Dk));
-      detail::copy_rows(backend, q, make_view(q_host.data(), B, Hq, n, Dk));
+      guard([&] { detail::copy_rows(backend, q, make_view(q_host.data(), B, Hq, n, Dk)); });
       qh = make_view<const float>(q_host.data(), B, Hq, n, Dk);
       lse_host.resize(static_cast<std::size_t>(rows_all));
     }
@@ -806,6 +859,8 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
         ops::fence(backend);
       }
   };
+  // Every rank set up (staged: allocated and copied) before any part travels.
+  if constexpr (staged) detail::all_succeeded(comm, fn, failure);
 
   // One pair, or a part of one (query heads [h0, h0 + hn) on kv heads [g0, g0 + gn)): its
   // partial attention at global positions, merged into (out, acc_lse).
@@ -946,13 +1001,15 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       const auto kpart = staged ? k : part_view(kin[0], rank, Dk);
       const auto vpart = staged ? v : part_view(vin[0], rank, Dv);
       // Each segment against itself first: the rows' normalizers the bound compares with.
-      for (std::size_t a = 0; a < nseg; ++a)
-        if (plan_of(rank, a, a) == pair_plan::compute)
-          attend(my_segments[a], my_segments[a], kpart, vpart, 0, Hq, 0, Hkv);
-        else
-          ++masked;  // an empty segment
+      guard([&] {
+        for (std::size_t a = 0; a < nseg; ++a)
+          if (plan_of(rank, a, a) == pair_plan::compute)
+            attend(my_segments[a], my_segments[a], kpart, vpart, 0, Hq, 0, Hkv);
+          else
+            ++masked;  // an empty segment
+      });
       if (skipping) {
-        refresh_lse();
+        guard(refresh_lse);
         std::vector<int> mine(static_cast<std::size_t>(P), 0);
         for (int s = 0; s < P; ++s)
           for (std::size_t a = 0; a < nseg; ++a)
@@ -966,7 +1023,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
         detail::check_mpi(MPI_Allgather(mine.data(), P, MPI_INT, need.data(), P, MPI_INT, comm),
                           "MPI_Allgather (far-chunk plan)");
       }
-      pairs_with(rank, kpart, vpart, true);
+      guard([&] { pairs_with(rank, kpart, vpart, true); });
     } else {
       // Each other part is taken up once: at the step and on the way it reaches this rank.
       for (int d = 0; d < 2; ++d) {
@@ -976,8 +1033,10 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
           pairs_with(src, {}, {}, false);  // counts the pairs only
           continue;
         }
-        pairs_with(src, computed(kin[d], src, Dk, d, kdev), computed(vin[d], src, Dv, d, vdev),
-                   false);
+        guard([&] {
+          pairs_with(src, computed(kin[d], src, Dk, d, kdev), computed(vin[d], src, Dv, d, vdev),
+                     false);
+        });
       }
     }
     if (nreq > 0) {
@@ -986,13 +1045,18 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
       waited += MPI_Wtime() - t0;
     }
     // Staged: the uploads of this step's host buffers are done before the next step's
-    // messages overwrite them (the computation queued behind them overlapped the messages).
-    ops::fence(backend);
+    // messages overwrite them (the computation queued behind them overlapped the messages),
+    // and every rank knows whether every rank's step succeeded.
+    guard([&] { ops::fence(backend); });
+    if constexpr (staged) detail::all_succeeded(comm, fn, failure);
   }
-  if (lse.data)
-    detail::copy_rows(backend, detail::as_rows<const float>(acc_lse_v), detail::as_rows(lse),
-                      false);
-  ops::fence(backend);  // staged: out and lse are written when the call returns
+  guard([&] {
+    if (lse.data)
+      detail::copy_rows(backend, detail::as_rows<const float>(acc_lse_v), detail::as_rows(lse),
+                        false);
+    ops::fence(backend);  // staged: out and lse are written when the call returns
+  });
+  if constexpr (staged) detail::all_succeeded(comm, fn, failure);
   if (stats) {
     stats->chunk_calls += calls;
     stats->chunks_masked += masked;
@@ -1046,19 +1110,32 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
   const index_t hq = q.extents[1] / P, hkv = k.extents[1] / P;  // heads per rank
   const index_t Dk = q.extents[3], Dv = v.extents[3];
 
+  // Staged backends: q, k and v are first copied to host memory, the whole sequences of this
+  // rank's heads go back to the backend's memory for the attention() call, and its outputs
+  // come to the host for the second all-to-all. A failure there on one rank is raised on
+  // every rank (detail::all_succeeded) before the next all-to-all.
+  std::string failure;
+  auto guard = [&](auto&& f) { detail::guarded<Backend>(failure, fn, f); };
+  std::vector<float> q_rows, k_rows, v_rows;
+  if constexpr (staged) {
+    auto to_host = [&](tensor_view<const float, 4>& t, std::vector<float>& keep) {
+      const index_t h = t.extents[1], d = t.extents[3];
+      guard([&] {
+        keep.resize(static_cast<std::size_t>(B * h * n * d));
+        detail::copy_rows(backend, t, make_view(keep.data(), B, h, n, d));
+      });
+      t = make_view<const float>(keep.data(), B, h, n, d);
+    };
+    to_host(q, q_rows);
+    to_host(k, k_rows);
+    to_host(v, v_rows);
+    detail::all_succeeded(comm, fn, failure);
+  }
+
   // Sequence -> heads: block p of the send buffer is this rank's rows of rank p's heads,
   // (batch, heads / P, n, dim); block p of the receive buffer is rank p's rows of this rank's
   // heads, which are rows [p n, (p + 1) n) of the whole sequences.
-  // Staged backends: the rows are first copied to host memory, and the whole sequences
-  // of this rank's heads back to the backend's (`dev`).
-  auto to_heads = [&](tensor_view<const float, 4> t, index_t h_per, index_t d,
-                      alibi::detail::backend_buffer<Backend, float>& dev) {
-    std::vector<float> rows;
-    if constexpr (staged) {
-      rows.resize(static_cast<std::size_t>(B * t.extents[1] * n * d));
-      detail::copy_rows(backend, t, make_view(rows.data(), B, t.extents[1], n, d));
-      t = make_view<const float>(rows.data(), B, t.extents[1], n, d);
-    }
+  auto to_heads = [&](const tensor_view<const float, 4>& t, index_t h_per, index_t d) {
     const std::size_t block = static_cast<std::size_t>(B * h_per * n * d);
     std::vector<float> send(block * static_cast<std::size_t>(P)), recv(send.size());
     for (int p = 0; p < P; ++p)
@@ -1077,41 +1154,36 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
           std::memcpy(whole.data() + ((b * h_per + h) * L + p * n) * d,
                       recv.data() + p * block + ((b * h_per + h) * n) * d,
                       static_cast<std::size_t>(n * d) * sizeof(float));
-    if constexpr (staged) {
-      ops::resize(dev, static_cast<index_t>(whole.size()));
-      detail::stage(backend, whole.data(), dev.data(), static_cast<index_t>(whole.size()));
-      ops::fence(backend);  // before `whole` goes
-      return std::vector<float>();
-    } else {
-      (void)dev;
-      return whole;
-    }
+    return whole;
   };
-  alibi::detail::backend_buffer<Backend, float> qd, kd, vd, od, ld;
-  const std::vector<float> qh = to_heads(q, hq, Dk, qd), kh = to_heads(k, hkv, Dk, kd),
-                           vh = to_heads(v, hkv, Dv, vd);
-  // The outputs of this rank's heads, (batch, hq, L, dim): where the backend computes.
+  const std::vector<float> qh = to_heads(q, hq, Dk), kh = to_heads(k, hkv, Dk),
+                           vh = to_heads(v, hkv, Dv);
+  // The outputs of this rank's heads, (batch, hq, L, dim), and where the backend computes.
   std::vector<float> oh(static_cast<std::size_t>(B * hq * L * Dv));
   std::vector<float> lh(static_cast<std::size_t>(B * hq * L));
+  alibi::detail::backend_buffer<Backend, float> qd, kd, vd, od, ld;
   float *o_at = oh.data(), *l_at = lh.data();
   const float *q_at = qh.data(), *k_at = kh.data(), *v_at = vh.data();
-  if constexpr (staged) {
-    ops::resize(od, static_cast<index_t>(oh.size()));
-    ops::resize(ld, static_cast<index_t>(lh.size()));
-    o_at = od.data();
-    l_at = ld.data();
-    q_at = qd.data();
-    k_at = kd.data();
-    v_at = vd.data();
-  }
+  if constexpr (staged)
+    guard([&] {
+      auto upload = [&](const std::vector<float>& whole,
+                        alibi::detail::backend_buffer<Backend, float>& dev) {
+        ops::resize(dev, static_cast<index_t>(whole.size()));
+        detail::stage(backend, whole.data(), dev.data(), static_cast<index_t>(whole.size()));
+        return dev.data();
+      };
+      q_at = upload(qh, qd);
+      k_at = upload(kh, kd);
+      v_at = upload(vh, vd);
+      ops::resize(od, static_cast<index_t>(oh.size()));
+      ops::resize(ld, static_cast<index_t>(lh.size()));
+      o_at = od.data();
+      l_at = ld.data();
+    });
   attention_params p = params;
   // Each sequence's length, for its queries and keys, in the backend's memory.
   std::vector<index_t> seq_lengths;
   alibi::detail::backend_buffer<Backend, index_t> lengths_dev;
-  if (host.params.k_lengths.data) {
-    for (index_t b = 0; b < B; ++b) seq_lengths.push_back(host.params.k_lengths(b));
-    p.q_lengths = p.k_lengths = ops::per_batch(backend, seq_lengths, lengths_dev);
-  }
   if (p.slopes.values.data) {
     p.slopes.values.data += rank * hq * p.slopes.values.strides[1];
     p.slopes.values.extents[1] = hq;
@@ -1120,14 +1192,24 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
     p.slopes.head_offset = params.slopes.head_offset + rank * hq;
   }
   if (lse.data) p.logsumexp = make_view(l_at, B, hq, L);
-  attention(backend, make_view<const float>(q_at, B, hq, L, Dk),
-            make_view<const float>(k_at, B, hkv, L, Dk),
-            make_view<const float>(v_at, B, hkv, L, Dv), make_view(o_at, B, hq, L, Dv), p);
-  if constexpr (staged) {
-    detail::stage(backend, o_at, oh.data(), static_cast<index_t>(oh.size()));
-    if (lse.data) detail::stage(backend, l_at, lh.data(), static_cast<index_t>(lh.size()));
-    ops::fence(backend);
-  }
+  guard([&] {
+    if (host.params.k_lengths.data) {
+      for (index_t b = 0; b < B; ++b) seq_lengths.push_back(host.params.k_lengths(b));
+      p.q_lengths = p.k_lengths = ops::per_batch(backend, seq_lengths, lengths_dev);
+    }
+    attention(backend, make_view<const float>(q_at, B, hq, L, Dk),
+              make_view<const float>(k_at, B, hkv, L, Dk),
+              make_view<const float>(v_at, B, hkv, L, Dv), make_view(o_at, B, hq, L, Dv), p);
+    if constexpr (staged) {
+      detail::stage(backend, static_cast<const float*>(o_at), oh.data(),
+                    static_cast<index_t>(oh.size()));
+      if (lse.data)
+        detail::stage(backend, static_cast<const float*>(l_at), lh.data(),
+                      static_cast<index_t>(lh.size()));
+      ops::fence(backend);
+    }
+  });
+  if constexpr (staged) detail::all_succeeded(comm, fn, failure);
 
   // Heads -> sequence: block p is rank p's rows of this rank's heads.
   auto to_rows = [&](const std::vector<float>& whole, index_t d, auto&& store) {
@@ -1167,10 +1249,14 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
     to_rows(lh, 1,
             [&](index_t b, index_t h, index_t i, const float* src) { lse_h(b, h, i) = *src; });
   if constexpr (staged) {
-    detail::copy_rows(backend, tensor_view<const float, 4>(out_h), out, false);
-    if (lse.data)
-      detail::copy_rows(backend, detail::as_rows<const float>(lse_h), detail::as_rows(lse), false);
-    ops::fence(backend);
+    guard([&] {
+      detail::copy_rows(backend, tensor_view<const float, 4>(out_h), out, false);
+      if (lse.data)
+        detail::copy_rows(backend, detail::as_rows<const float>(lse_h), detail::as_rows(lse),
+                          false);
+      ops::fence(backend);
+    });
+    detail::all_succeeded(comm, fn, failure);
   }
 }
 
@@ -1197,14 +1283,31 @@ void allreduce_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld, index
   if constexpr (staged<Backend>) {
     if (n == 0) return;
     using ops = ops_of<Backend>;
-    pack.resize(static_cast<std::size_t>(n));
-    ops::stage_rows(be, static_cast<const T*>(rows), ld, pack.data(), cols, count, cols);
-    ops::fence(be);  // the layer's queued work, then the copy, are done
-    check_mpi(
-        MPI_Allreduce(MPI_IN_PLACE, pack.data(), static_cast<int>(n), mpi_type<T>(), MPI_SUM, comm),
-        "MPI_Allreduce (tensor-parallel partial sums)");
-    ops::stage_rows(be, static_cast<const T*>(pack.data()), cols, rows, ld, count, cols);
-    ops::fence(be);  // before `pack` is written again
+    const std::string fn = "alibi::mpi tensor parallelism (all-reduce staging)";
+    // One element more: the number of ranks whose copy to the host failed, summed with the
+    // partial sums, so that every rank raises (and none waits in the next collective).
+    if (n + 1 > std::numeric_limits<int>::max())
+      alibi::detail::raise(
+          error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 2 elements"));
+    pack.assign(static_cast<std::size_t>(n + 1), T(0));
+    std::string failure;
+    guarded<Backend>(failure, fn, [&] {
+      ops::stage_rows(be, static_cast<const T*>(rows), ld, pack.data(), cols, count, cols);
+      ops::fence(be);  // the layer's queued work, then the copy, are done
+    });
+    pack[static_cast<std::size_t>(n)] = failure.empty() ? T(0) : T(1);
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, pack.data(), static_cast<int>(n + 1), mpi_type<T>(),
+                            MPI_SUM, comm),
+              "MPI_Allreduce (tensor-parallel partial sums)");
+    if (!failure.empty()) alibi::detail::raise(error(failure));
+    if (pack[static_cast<std::size_t>(n)] != T(0))
+      alibi::detail::raise(
+          error(fn + ": a rank failed to copy its partial sums (its error says why)"));
+    guarded<Backend>(failure, fn, [&] {
+      ops::stage_rows(be, static_cast<const T*>(pack.data()), cols, rows, ld, count, cols);
+      ops::fence(be);  // before `pack` is written again
+    });
+    all_succeeded(comm, fn, failure);
     return;
   }
   if (ld == cols || count <= 1) {

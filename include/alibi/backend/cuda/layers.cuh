@@ -379,7 +379,7 @@ struct layer_ops<backend::cuda> {
     return make_view<const bool>(scratch.data(), B, L);
   }
   static void fence(const backend::cuda& be) {
-    cuda_detail::check(cudaStreamSynchronize(be.stream), "cudaStreamSynchronize (timings)");
+    cuda_detail::check(cudaStreamSynchronize(be.stream), "cudaStreamSynchronize (fence)");
   }
 };
 
