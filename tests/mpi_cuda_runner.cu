@@ -2,8 +2,8 @@
 // The CUDA runner of the MPI sequence-parallel tests (mpi_ring_cuda.cpp): every host view of a
 // call is mirrored into device memory (cudaMalloc'd, its strides, gaps and guards too), the
 // call runs with backend::cuda on the device copies (alibi::mpi stages them through host
-// memory), and out and the logsumexp are copied back. Per-batch lengths and caller slopes are
-// passed in device memory, as the CUDA backend's contract asks.
+// memory), and out and the logsumexp are copied back. Per-batch lengths, the key mask and caller
+// slopes are passed in device memory, as the CUDA backend's contract asks.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -67,20 +67,23 @@ class mirrored {
   index_t count_ = 0;
 };
 
-/// params with its per-batch lengths, caller slopes and logsumexp in device memory.
+/// params with its per-batch lengths, key mask, caller slopes and logsumexp in device memory.
 struct device_params {
   mirrored<const index_t, 1> q_lengths, k_lengths;
+  mirrored<const bool, 2> key_mask;
   mirrored<const float, 2> slopes;
   mirrored<float, 3> lse;
   alibi::attention_params params;
   explicit device_params(const alibi::attention_params& p)
       : q_lengths(p.q_lengths),
         k_lengths(p.k_lengths),
+        key_mask(p.key_mask),
         slopes(p.slopes.values),
         lse(p.logsumexp),
         params(p) {
     params.q_lengths = q_lengths.view();
     params.k_lengths = k_lengths.view();
+    params.key_mask = key_mask.view();
     params.slopes.values = slopes.view();
     params.logsumexp = lse.view();
   }

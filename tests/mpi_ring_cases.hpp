@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -81,6 +82,8 @@ struct test_case {
   bool expect_skips = false;   // with 3 or more ranks, far-chunk skipping must skip pairs
   bool far_chunks = true;      // ring_options::skip_far_chunks
   bool padded = false;         // batch entry 1 is a sequence of L / 3 rows, then NaN padding
+  bool key_mask = false;       // params.key_mask: about 1 key in 6 of batch entry 0 excluded,
+                               // and the first 7 of entry 1 (causal: its first rows have none)
 };
 
 /// Which global rows rank r holds, in the order of its tensors.
@@ -147,6 +150,14 @@ inline void run_case(runner& r, const test_case& c) {
   std::vector<float> slopes(static_cast<std::size_t>(Hq));
   for (index_t h = 0; h < Hq; ++h) slopes[static_cast<std::size_t>(h)] = 0.05f + 0.45f * h / Hq;
   if (c.caller_slopes) params.slopes = alibi::slope_config::per_head(slopes.data(), Hq);
+  // The key mask of the whole sequences (the single-process calls) and this rank's rows of it
+  // (the sequence-parallel call, below).
+  std::unique_ptr<bool[]> whole_mask(new bool[static_cast<std::size_t>(B * L)]);
+  for (index_t j = 0; j < L; ++j) {
+    whole_mask[static_cast<std::size_t>(j)] = (j * 7 + 3) % 6 == 0;
+    whole_mask[static_cast<std::size_t>(L + j)] = j < 7;
+  }
+  if (c.key_mask) params.key_mask = alibi::make_view<const bool>(whole_mask.get(), B, L);
   // The single-process results: double reference and the runner's backend in fp32.
   std::vector<double> qd(qn.begin(), qn.end()), kd(k.begin(), k.end()), vd(vn.begin(), vn.end());
   std::vector<double> ref(static_cast<std::size_t>(B * Hq * L * D));
@@ -177,6 +188,15 @@ inline void run_case(runner& r, const test_case& c) {
     return p;
   };
   const std::vector<float> qp = part(qn, Hq), kp = part(k, Hkv), vp = part(vn, Hkv);
+  alibi::attention_params part_params = params;
+  std::unique_ptr<bool[]> part_mask(new bool[static_cast<std::size_t>(B * n + 1)]);
+  if (c.key_mask) {
+    for (index_t b = 0; b < B; ++b)
+      for (index_t i = 0; i < n; ++i)
+        part_mask[static_cast<std::size_t>(b * n + i)] =
+            whole_mask[static_cast<std::size_t>(b * L + mine[static_cast<std::size_t>(i)])];
+    part_params.key_mask = alibi::make_view<const bool>(part_mask.get(), B, n);
+  }
   std::vector<float> out(static_cast<std::size_t>(B * Hq * n * ld), guard);
   std::vector<float> lse(static_cast<std::size_t>(B * Hq * n), guard);
   auto view = [&](const float* data, index_t heads) {
@@ -192,11 +212,11 @@ inline void run_case(runner& r, const test_case& c) {
   const long long copies_before = r.copies();
   try {
     if (c.alltoall)
-      r.alltoall(view(qp.data(), Hq), view(kp.data(), Hkv), view(vp.data(), Hkv), out_view, params,
-                 alibi::make_view(lse.data(), B, Hq, n));
+      r.alltoall(view(qp.data(), Hq), view(kp.data(), Hkv), view(vp.data(), Hkv), out_view,
+                 part_params, alibi::make_view(lse.data(), B, Hq, n));
     else
-      r.ring(view(qp.data(), Hq), view(kp.data(), Hkv), view(vp.data(), Hkv), out_view, params, opt,
-             alibi::make_view(lse.data(), B, Hq, n), &stats);
+      r.ring(view(qp.data(), Hq), view(kp.data(), Hkv), view(vp.data(), Hkv), out_view, part_params,
+             opt, alibi::make_view(lse.data(), B, Hq, n), &stats);
   } catch (const alibi::error& e) {
     fail(c.name + ": " + e.what());
     return;
@@ -316,6 +336,26 @@ inline void error_cases(runner& r) {
              alibi::make_view(o.data(), B, H, n, 32), lp);
     });
   }
+  // A key mask on rank 0 only; one of another shape.
+  {
+    std::unique_ptr<bool[]> m(new bool[static_cast<std::size_t>(B * (n + 1))]());
+    alibi::attention_params kp;
+    if (rank == 0) kp.key_mask = alibi::make_view<const bool>(m.get(), B, n);
+    if (P > 1)
+      expect_error("key mask on one rank", "disagree on whether params.key_mask is given", [&] {
+        r.ring(alibi::make_view<const float>(x.data(), B, H, n, 32),
+               alibi::make_view<const float>(x.data(), B, H, n, 32),
+               alibi::make_view<const float>(x.data(), B, H, n, 32),
+               alibi::make_view(o.data(), B, H, n, 32), kp);
+      });
+    kp.key_mask = alibi::make_view<const bool>(m.get(), B, n + 1);
+    expect_error("key mask of other rows", "params.key_mask must have shape", [&] {
+      r.ring(alibi::make_view<const float>(x.data(), B, H, n, 32),
+             alibi::make_view<const float>(x.data(), B, H, n, 32),
+             alibi::make_view<const float>(x.data(), B, H, n, 32),
+             alibi::make_view(o.data(), B, H, n, 32), kp);
+    });
+  }
   // Rank 0 passes an out of other rows: its own message there, "rank 0 refused" elsewhere.
   const index_t rows_out = rank == 0 ? n - 1 : n;
   expect_error("a refused argument", rank == 0 ? "must hold the same rows" : "rank 0 refused", [&] {
@@ -414,6 +454,29 @@ inline void run_all(runner& r) {
     }
     c.name = std::string("padded (k_lengths), ") +
              (c.alltoall     ? "alltoall"
+              : variant == 1 ? "zigzag"
+                             : "contiguous") +
+             (c.causal ? ", causal" : ", bidirectional");
+    cases.push_back(c);
+  }
+  // The key mask: ring (both layouts, far-chunk skipping on steep slopes) and all-to-all.
+  for (int variant = 0; variant < 4; ++variant) {
+    test_case c;
+    c.key_mask = true;
+    c.causal = variant != 1;
+    c.layout = variant == 1 ? ring_layout::zigzag : ring_layout::contiguous;
+    c.alltoall = variant == 3;
+    if (variant == 2) {
+      c.max_bias = 2.0f;
+      c.base = 120;
+    }
+    if (c.alltoall) {
+      c.Hq = 24;
+      c.Hkv = 12;
+    }
+    c.name = std::string("key mask, ") +
+             (variant == 3   ? "alltoall, GQA 24/12"
+              : variant == 2 ? "contiguous, far-chunk skipping"
               : variant == 1 ? "zigzag"
                              : "contiguous") +
              (c.causal ? ", causal" : ", bidirectional");

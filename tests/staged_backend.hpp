@@ -51,7 +51,8 @@ struct layer_ops<staged_eigen> : layer_ops<backend::eigen> {
       fail_at = -1;
       throw std::runtime_error("staged_eigen: injected copy failure");
     }
-    std::vector<T> data(static_cast<std::size_t>(rows * cols));
+    const std::size_t row_bytes = static_cast<std::size_t>(cols) * sizeof(T);
+    std::vector<unsigned char> data(static_cast<std::size_t>(rows) * row_bytes);
     for (index_t r = 0; r < rows; ++r) {
       const T* s = src + r * lds;
       T* d = dst + r * ldd;
@@ -59,12 +60,12 @@ struct layer_ops<staged_eigen> : layer_ops<backend::eigen> {
         std::fprintf(stderr, "staged_eigen::stage_rows: overlapping copy\n");
         std::abort();
       }
-      std::memcpy(data.data() + r * cols, s, static_cast<std::size_t>(cols) * sizeof(T));
+      std::memcpy(data.data() + static_cast<std::size_t>(r) * row_bytes, s, row_bytes);
     }
-    pending.push_back([data = std::move(data), dst, ldd, rows, cols] {
+    pending.push_back([data = std::move(data), dst, ldd, rows, row_bytes] {
       for (index_t r = 0; r < rows; ++r)
-        std::memcpy(dst + r * ldd, data.data() + r * cols,
-                    static_cast<std::size_t>(cols) * sizeof(T));
+        std::memcpy(dst + r * ldd, data.data() + static_cast<std::size_t>(r) * row_bytes,
+                    row_bytes);
     });
   }
   static void fence(const staged_eigen&) { flush(); }

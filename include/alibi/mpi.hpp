@@ -251,6 +251,15 @@ struct host_params {
                             index_t(1), heads, index_t(1));
           s = make_view<const float>(slopes_.data(), rows, heads);
         }
+        tensor_view<const bool, 2>& m = params.key_mask;
+        if (m.data != nullptr && m.extents[0] > 0 && m.extents[1] > 0) {
+          const index_t rows = m.extents[0], cols = m.extents[1];
+          key_mask_.reset(new bool[static_cast<std::size_t>(rows * cols)]);
+          for (index_t b = 0; b < rows; ++b)
+            ops::stage_rows(be, m.data + b * m.strides[0], m.strides[1], key_mask_.get() + b * cols,
+                            index_t(1), cols, index_t(1));
+          m = make_view<const bool>(key_mask_.get(), rows, cols);
+        }
         ops::fence(be);
       } catch (const std::exception& e) {  // alibi::error, or the backend's (cuda_error)
         error = e.what();
@@ -265,6 +274,72 @@ struct host_params {
  private:
   std::vector<index_t> q_lengths_, k_lengths_;
   std::vector<float> slopes_;
+  std::unique_ptr<bool[]> key_mask_;
+};
+
+/// The key mask over the whole sequences, (batch, L): every rank's (batch, rows) part of
+/// params.key_mask (a host copy) gathered with one MPI_Allgatherv, each rank's rows put at
+/// the positions of its segments; place() hands it to the backend (layer_ops::key_mask: the
+/// host array itself, or a copy in device memory). Empty when no key mask is given.
+template <class Backend>
+class whole_key_mask {
+ public:
+  whole_key_mask(MPI_Comm comm, const tensor_view<const bool, 2>& mine, index_t B,
+                 const std::vector<std::vector<segment>>& segs,
+                 const std::vector<index_t>& lengths) {
+    if (mine.data == nullptr) return;
+    const int P = static_cast<int>(lengths.size());
+    int rank = 0;
+    check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+    index_t L = 0;
+    std::vector<int> counts(static_cast<std::size_t>(P)), displs(counts.size());
+    for (int r = 0; r < P; ++r) {
+      const index_t c = B * lengths[static_cast<std::size_t>(r)];
+      if (c + L * B > std::numeric_limits<int>::max())
+        alibi::detail::raise(error("alibi::mpi: a key mask of more than 2^31 - 1 elements"));
+      counts[static_cast<std::size_t>(r)] = static_cast<int>(c);
+      displs[static_cast<std::size_t>(r)] = static_cast<int>(L * B);
+      L += lengths[static_cast<std::size_t>(r)];
+    }
+    const index_t n = lengths[static_cast<std::size_t>(rank)];
+    std::vector<char> send(static_cast<std::size_t>(B * n)), recv(static_cast<std::size_t>(B * L));
+    for (index_t b = 0; b < B; ++b)
+      for (index_t j = 0; j < n; ++j)
+        send[static_cast<std::size_t>(b * n + j)] = mine(b, j) ? 1 : 0;
+    check_mpi(MPI_Allgatherv(send.data(), static_cast<int>(send.size()), MPI_CHAR, recv.data(),
+                             counts.data(), displs.data(), MPI_CHAR, comm),
+              "MPI_Allgatherv (key mask)");
+    host_.reset(new bool[static_cast<std::size_t>(B * L)]);
+    for (int r = 0; r < P; ++r)
+      for (const segment& g : segs[static_cast<std::size_t>(r)])
+        for (index_t b = 0; b < B; ++b)
+          for (index_t i = 0; i < g.len; ++i)
+            host_[static_cast<std::size_t>(b * L + g.pos + i)] =
+                recv[static_cast<std::size_t>(displs[static_cast<std::size_t>(r)] +
+                                              b * lengths[static_cast<std::size_t>(r)] + g.row +
+                                              i)] != 0;
+    B_ = B;
+    L_ = L;
+  }
+  /// Where the backend reads it (staged backends: a copy, queued on the stream).
+  void place(const Backend& be) {
+    if (host_)
+      whole_ = ops_of<Backend>::key_mask(be, make_view<const bool>(host_.get(), B_, L_), scratch_);
+  }
+  /// Keys [pos, pos + len) of the whole sequences (global positions), or an empty view.
+  tensor_view<const bool, 2> keys(index_t pos, index_t len) const {
+    if (whole_.data == nullptr) return {};
+    tensor_view<const bool, 2> m = whole_;
+    m.data += pos * m.strides[1];
+    m.extents[1] = len;
+    return m;
+  }
+
+ private:
+  std::unique_ptr<bool[]> host_;
+  index_t B_ = 0, L_ = 0;
+  alibi::detail::backend_buffer<Backend, bool> scratch_;
+  tensor_view<const bool, 2> whole_{};
 };
 
 /// The far-chunk plan of ring_attention: which pairs (query segment of this rank, key
@@ -406,8 +481,9 @@ struct call_descriptor {
     layout,
     far_chunks,
     with_lse,
-    lengths,  // params.k_lengths' values (hash)
-    seq_len,  // this rank's (may differ between ranks: not compared)
+    lengths,   // params.k_lengths' values (hash)
+    key_mask,  // whether params.key_mask is given
+    seq_len,   // this rank's (may differ between ranks: not compared)
     count
   };
   std::int64_t w[count] = {};
@@ -434,7 +510,8 @@ inline const char* field_name(int f) {
                                       "options.layout",
                                       "options.skip_far_chunks",
                                       "whether logsumexp is asked for",
-                                      "params.k_lengths"};
+                                      "params.k_lengths",
+                                      "whether params.key_mask is given"};
   return names[f];
 }
 
@@ -499,11 +576,18 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   const attention_params& hp = host.params;  // the values, in host memory
   const index_t n = q.extents[2];
   const index_t B = q.extents[0];
-  if (params.q_offsets.data || params.k_offsets.data || params.key_mask.data ||
-      params.logsumexp.data || params.stats)
+  if (params.q_offsets.data || params.k_offsets.data)
     local_error = fn +
-                  ": params.q_offsets, k_offsets, key_mask, logsumexp and stats are not "
-                  "supported (pass lse and stats as arguments)";
+                  ": params.q_offsets and k_offsets are not supported: the positions are those "
+                  "of the whole sequences, which the layout sets";
+  else if (params.logsumexp.data || params.stats)
+    local_error =
+        fn + ": pass the logsumexp and the stats as arguments (lse, stats), not in params";
+  else if (params.key_mask.data &&
+           (params.key_mask.extents[0] != B || params.key_mask.extents[1] != n))
+    local_error = fn + ": params.key_mask must have shape (batch, rows of this rank) = (" + str(B) +
+                  ", " + str(n) + "), got (" + str(params.key_mask.extents[0]) + ", " +
+                  str(params.key_mask.extents[1]) + ")";
   else if (params.k_lengths.data && params.k_lengths.extents[0] != B)
     local_error = fn + ": params.k_lengths must have one length per batch entry (" + str(B) + ")";
   else if (params.q_lengths.data && !params.k_lengths.data)
@@ -569,6 +653,7 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   mine.w[D::far_chunks] = far_chunks ? 1 : 0;
   mine.w[D::with_lse] = lse.data ? 1 : 0;
   mine.w[D::lengths] = view_hash(hp.k_lengths, hp.k_lengths.extents[0], 1);
+  mine.w[D::key_mask] = params.key_mask.data ? 1 : 0;
   mine.w[D::seq_len] = n;
   const std::vector<std::int64_t> all =
       agree_words(comm, fn, mine.w, D::count, D::seq_len, field_name, local_error);
@@ -607,8 +692,11 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
 /// applied at global positions. params.k_lengths (batch), optional, is each sequence's
 /// length over the whole sequence (the same on every rank; params.q_lengths, if given, must
 /// equal it): the rows at or after it are padding, whatever they hold (NaN too), and get
-/// out 0 and lse -inf. Not supported yet (an alibi::error): per-batch offsets, the key mask,
-/// logsumexp and stats in params (use `lse`, `stats`).
+/// out 0 and lse -inf. params.key_mask (batch, n), optional (every rank passes one or none),
+/// is this rank's rows of the whole sequences' key mask (true = key excluded), in the order
+/// of its rows; the ranks' parts are gathered (one MPI_Allgatherv) and each partial call reads
+/// the columns of its keys. Not supported (an alibi::error): per-batch offsets (the layout
+/// sets the positions), logsumexp and stats in params (use `lse`, `stats`).
 ///
 /// Errors: an argument this rank refuses, or ranks that disagree on what must match, is an
 /// alibi::error on every rank (one MPI_Allgather of a small descriptor decides), never a hang.
@@ -672,6 +760,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     segs[static_cast<std::size_t>(r)] = detail::segments_of(options.layout, r, lengths);
   const std::vector<detail::segment>& my_segments = segs[static_cast<std::size_t>(rank)];
   const std::size_t nseg = my_segments.size();  // the same on every rank
+  detail::whole_key_mask<Backend> key_mask(comm, hp.key_mask, B, segs, lengths);
   // Each sequence's length (params.k_lengths; the rows after it are padding) and the valid
   // rows of a run of positions.
   std::vector<index_t> seq_len(static_cast<std::size_t>(B), std::numeric_limits<index_t>::max());
@@ -764,6 +853,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     ops::resize(acc_lse, rows_all);
     ops::resize(part_out, rows_all * Dv);
     ops::resize(part_lse, rows_all);
+    key_mask.place(backend);
   });
   const auto acc_lse_v = make_view(acc_lse.data(), B, Hq, n);
   const auto part_out_v = make_view(part_out.data(), B, Hq, n, Dv);
@@ -883,6 +973,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     p.k_offsets = ops::per_batch(backend, koff, index_scratch[1]);
     p.q_lengths = ops::per_batch(backend, qlen, index_scratch[2]);
     p.k_lengths = ops::per_batch(backend, klen, index_scratch[3]);
+    p.key_mask = key_mask.keys(ks.pos, ks.len);
     if (hn != Hq) {  // the heads' own slopes
       if (p.slopes.values.data) {
         p.slopes.values.data += h0 * p.slopes.values.strides[1];
@@ -1074,11 +1165,11 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
 /// sequences, and their kv heads), each rank runs one attention() call over the whole
 /// sequences on its heads with their global slopes (slopes.head_offset and global_heads, or
 /// its columns of caller slopes), and the outputs (and logsumexps) go back by a second
-/// all-to-all. params.k_lengths: as for ring_attention. One call per rank sees the whole sequence,
-/// so far-tile skipping is as effective as in one process; each rank sends and receives (P - 1) / P
-/// of its q, k, v and out. Backends as for ring_attention: with backend::cuda the rows go to
-/// host buffers for MPI_Alltoall, the whole sequences of the rank's heads to the device for
-/// the attention() call, and the outputs back the same way.
+/// all-to-all. params.k_lengths and key_mask: as for ring_attention. One call per rank sees the
+/// whole sequence, so far-tile skipping is as effective as in one process; each rank sends and
+/// receives (P - 1) / P of its q, k, v and out. Backends as for ring_attention: with backend::cuda
+/// the rows go to host buffers for MPI_Alltoall, the whole sequences of the rank's heads to the
+/// device for the attention() call, and the outputs back the same way.
 template <class Backend>
 void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const float, 4> q,
                         tensor_view<const float, 4> k, tensor_view<const float, 4> v,
@@ -1109,6 +1200,10 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
   const index_t B = q.extents[0], n = q.extents[2], L = n * P, Hq_all = q.extents[1];
   const index_t hq = q.extents[1] / P, hkv = k.extents[1] / P;  // heads per rank
   const index_t Dk = q.extents[3], Dv = v.extents[3];
+  std::vector<std::vector<detail::segment>> segs;
+  for (int r = 0; r < P; ++r)
+    segs.push_back(detail::segments_of(ring_layout::contiguous, r, lengths));
+  detail::whole_key_mask<Backend> key_mask(comm, host.params.key_mask, B, segs, lengths);
 
   // Staged backends: q, k and v are first copied to host memory, the whole sequences of this
   // rank's heads go back to the backend's memory for the attention() call, and its outputs
@@ -1197,6 +1292,8 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
       for (index_t b = 0; b < B; ++b) seq_lengths.push_back(host.params.k_lengths(b));
       p.q_lengths = p.k_lengths = ops::per_batch(backend, seq_lengths, lengths_dev);
     }
+    key_mask.place(backend);
+    p.key_mask = key_mask.keys(0, L);
     attention(backend, make_view<const float>(q_at, B, hq, L, Dk),
               make_view<const float>(k_at, B, hkv, L, Dk),
               make_view<const float>(v_at, B, hkv, L, Dv), make_view(o_at, B, hq, L, Dv), p);
