@@ -28,6 +28,7 @@
 #include <alibi/alibi.hpp>
 #include <alibi/mpi.hpp>
 
+#include "mpi_checks.hpp"
 #include "mpi_runner.hpp"
 
 namespace mpi_cases {
@@ -36,7 +37,11 @@ using alibi::index_t;
 constexpr float nan_f = std::numeric_limits<float>::quiet_NaN();
 constexpr float guard = 777.0f;
 
-inline int rank = 0, P = 1, failures = 0;
+using mpi_checks::expect_error;
+using mpi_checks::fail;
+using mpi_checks::failures;
+using mpi_checks::P;
+using mpi_checks::rank;
 
 /// A backend that reads the host views themselves.
 template <class Backend>
@@ -62,11 +67,6 @@ struct backend_runner : runner {
     alibi::mpi::alltoall_attention(MPI_COMM_WORLD, be, q, k, v, out, params, lse);
   }
 };
-
-inline void fail(const std::string& what) {
-  ++failures;
-  std::printf("rank %d: FAILED: %s\n", rank, what.c_str());
-}
 
 struct test_case {
   std::string name;
@@ -273,48 +273,26 @@ inline void run_case(runner& r, const test_case& c) {
         static_cast<long long>(stats.bytes_sent), static_cast<long long>(stats.bytes_saved));
 }
 
-/// A call that must fail on every rank with a message containing `says`.
-template <class F>
-inline void expect_error(const std::string& name, const std::string& says, F&& call) {
-  try {
-    call();
-    fail(name + ": accepted");
-  } catch (const alibi::error& e) {
-    if (std::string(e.what()).find(says) == std::string::npos)
-      fail(name + ": the message '" + e.what() + "' does not say '" + says + "'");
-  }
-}
-
 inline void error_cases(runner& r) {
   const index_t B = 1, H = 2, n = 8;
   std::vector<float> x(static_cast<std::size_t>(B * H * n * 64), 0.5f), o(x.size());
-  // Ranks that disagree on head_dim (only with more than one rank).
+  // A ring call on x (q, k and v) and o (out) with `rows` rows per rank and head dim D.
+  auto ring = [&](index_t rows, index_t D, const alibi::attention_params& p = {},
+                  const alibi::mpi::ring_options& opt = {}, index_t out_rows = -1) {
+    const auto in = alibi::make_view<const float>(x.data(), B, H, rows, D);
+    r.ring(in, in, in, alibi::make_view(o.data(), B, H, out_rows < 0 ? rows : out_rows, D), p, opt);
+  };
+  // Ranks that disagree on head_dim, the mask, the far-chunk option (more than one rank).
   if (P > 1) {
-    const index_t D = rank == 1 ? 64 : 32;
-    expect_error("head_dim mismatch", "disagree on head_dim", [&] {
-      r.ring(alibi::make_view<const float>(x.data(), B, H, n, D),
-             alibi::make_view<const float>(x.data(), B, H, n, D),
-             alibi::make_view<const float>(x.data(), B, H, n, D),
-             alibi::make_view(o.data(), B, H, n, D));
-    });
+    expect_error("head_dim mismatch", "disagree on head_dim",
+                 [&] { ring(n, rank == 1 ? 64 : 32); });
     alibi::attention_params causal;
     causal.mask.causal = rank != 0;
-    expect_error("mask mismatch", "disagree on mask.causal", [&] {
-      r.ring(alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view(o.data(), B, H, n, 32), causal);
-    });
-  }
-  if (P > 1) {
+    expect_error("mask mismatch", "disagree on mask.causal", [&] { ring(n, 32, causal); });
     alibi::mpi::ring_options far;
     far.skip_far_chunks = rank != 1;
-    expect_error("far-chunk option mismatch", "disagree on options.skip_far_chunks", [&] {
-      r.ring(alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view(o.data(), B, H, n, 32), {}, far);
-    });
+    expect_error("far-chunk option mismatch", "disagree on options.skip_far_chunks",
+                 [&] { ring(n, 32, {}, far); });
   }
   // Sequence lengths: other values on rank 1, or longer than the rows of all ranks.
   {
@@ -322,19 +300,9 @@ inline void error_cases(runner& r) {
     alibi::attention_params lp;
     lp.k_lengths = alibi::make_view<const index_t>(mine.data(), 1);
     if (P > 1)
-      expect_error("lengths mismatch", "disagree on params.k_lengths", [&] {
-        r.ring(alibi::make_view<const float>(x.data(), B, H, n, 32),
-               alibi::make_view<const float>(x.data(), B, H, n, 32),
-               alibi::make_view<const float>(x.data(), B, H, n, 32),
-               alibi::make_view(o.data(), B, H, n, 32), lp);
-      });
+      expect_error("lengths mismatch", "disagree on params.k_lengths", [&] { ring(n, 32, lp); });
     lp.k_lengths = alibi::make_view<const index_t>(too_long.data(), 1);
-    expect_error("lengths too long", "is longer than the sequence", [&] {
-      r.ring(alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view(o.data(), B, H, n, 32), lp);
-    });
+    expect_error("lengths too long", "is longer than the sequence", [&] { ring(n, 32, lp); });
   }
   // A key mask on rank 0 only; one of another shape.
   {
@@ -342,45 +310,25 @@ inline void error_cases(runner& r) {
     alibi::attention_params kp;
     if (rank == 0) kp.key_mask = alibi::make_view<const bool>(m.get(), B, n);
     if (P > 1)
-      expect_error("key mask on one rank", "disagree on whether params.key_mask is given", [&] {
-        r.ring(alibi::make_view<const float>(x.data(), B, H, n, 32),
-               alibi::make_view<const float>(x.data(), B, H, n, 32),
-               alibi::make_view<const float>(x.data(), B, H, n, 32),
-               alibi::make_view(o.data(), B, H, n, 32), kp);
-      });
+      expect_error("key mask on one rank", "disagree on whether params.key_mask is given",
+                   [&] { ring(n, 32, kp); });
     kp.key_mask = alibi::make_view<const bool>(m.get(), B, n + 1);
-    expect_error("key mask of other rows", "params.key_mask must have shape", [&] {
-      r.ring(alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view<const float>(x.data(), B, H, n, 32),
-             alibi::make_view(o.data(), B, H, n, 32), kp);
-    });
+    expect_error("key mask of other rows", "params.key_mask must have shape",
+                 [&] { ring(n, 32, kp); });
   }
   // Rank 0 passes an out of other rows: its own message there, "rank 0 refused" elsewhere.
-  const index_t rows_out = rank == 0 ? n - 1 : n;
-  expect_error("a refused argument", rank == 0 ? "must hold the same rows" : "rank 0 refused", [&] {
-    r.ring(alibi::make_view<const float>(x.data(), B, H, n, 32),
-           alibi::make_view<const float>(x.data(), B, H, n, 32),
-           alibi::make_view<const float>(x.data(), B, H, n, 32),
-           alibi::make_view(o.data(), B, H, rows_out, 32));
-  });
+  expect_error("a refused argument", rank == 0 ? "must hold the same rows" : "rank 0 refused",
+               [&] { ring(n, 32, {}, {}, rank == 0 ? n - 1 : n); });
   // All-to-all with heads that do not divide among the ranks.
   if (H % P != 0)
     expect_error("alltoall, heads % ranks", "multiples of the number of ranks", [&] {
-      r.alltoall(alibi::make_view<const float>(x.data(), B, H, n, 32),
-                 alibi::make_view<const float>(x.data(), B, H, n, 32),
-                 alibi::make_view<const float>(x.data(), B, H, n, 32),
-                 alibi::make_view(o.data(), B, H, n, 32));
+      const auto in = alibi::make_view<const float>(x.data(), B, H, n, 32);
+      r.alltoall(in, in, in, alibi::make_view(o.data(), B, H, n, 32));
     });
   // Zigzag with an odd part.
   alibi::mpi::ring_options zz;
   zz.layout = alibi::mpi::ring_layout::zigzag;
-  expect_error("zigzag, odd rows", "even number of rows", [&] {
-    r.ring(alibi::make_view<const float>(x.data(), B, H, n - 1, 32),
-           alibi::make_view<const float>(x.data(), B, H, n - 1, 32),
-           alibi::make_view<const float>(x.data(), B, H, n - 1, 32),
-           alibi::make_view(o.data(), B, H, n - 1, 32), {}, zz);
-  });
+  expect_error("zigzag, odd rows", "even number of rows", [&] { ring(n - 1, 32, {}, zz); });
 }
 
 /// Every case, then the error cases, with runner r.

@@ -1381,25 +1381,30 @@ void allreduce_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld, index
     if (n == 0) return;
     using ops = ops_of<Backend>;
     const std::string fn = "alibi::mpi tensor parallelism (all-reduce staging)";
-    // One element more: the number of ranks whose copy to the host failed, summed with the
-    // partial sums, so that every rank raises (and none waits in the next collective).
-    if (n + 1 > std::numeric_limits<int>::max())
+    // P elements more, one per rank: 1 where that rank's copy to the host failed, summed with
+    // the partial sums, so that every rank raises (and none waits in the next collective).
+    int P = 1, rank = 0;
+    check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+    check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+    if (n + P > std::numeric_limits<int>::max())
       alibi::detail::raise(
-          error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 2 elements"));
-    pack.assign(static_cast<std::size_t>(n + 1), T(0));
+          error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 1 "
+                "elements (one MPI message's count) with the ranks' flags"));
+    pack.assign(static_cast<std::size_t>(n + P), T(0));
     std::string failure;
     guarded<Backend>(failure, fn, [&] {
       ops::stage_rows(be, static_cast<const T*>(rows), ld, pack.data(), cols, count, cols);
       ops::fence(be);  // the layer's queued work, then the copy, are done
     });
-    pack[static_cast<std::size_t>(n)] = failure.empty() ? T(0) : T(1);
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, pack.data(), static_cast<int>(n + 1), mpi_type<T>(),
+    pack[static_cast<std::size_t>(n + rank)] = failure.empty() ? T(0) : T(1);
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, pack.data(), static_cast<int>(n + P), mpi_type<T>(),
                             MPI_SUM, comm),
               "MPI_Allreduce (tensor-parallel partial sums)");
     if (!failure.empty()) alibi::detail::raise(error(failure));
-    if (pack[static_cast<std::size_t>(n)] != T(0))
-      alibi::detail::raise(
-          error(fn + ": a rank failed to copy its partial sums (its error says why)"));
+    for (int r = 0; r < P; ++r)
+      if (pack[static_cast<std::size_t>(n + r)] != T(0))
+        alibi::detail::raise(error(fn + ": rank " + std::to_string(r) +
+                                   " failed to copy its partial sums (its error says why)"));
     guarded<Backend>(failure, fn, [&] {
       ops::stage_rows(be, static_cast<const T*>(pack.data()), cols, rows, ld, count, cols);
       ops::fence(be);  // before `pack` is written again
