@@ -25,20 +25,21 @@ cp -L "/usr/$lib/libbenchmark.so.1.7.1" "$dst/$lib/libbenchmark.so.1debian"
 if [ "${ALIBI_GPU_DEPS_MPI:-1}" != 0 ] && dpkg -s openmpi-bin >/dev/null 2>&1; then
   for p in openmpi-bin libopenmpi3 openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7 \
     libevent-pthreads-2.1-7; do
-    dpkg -L "$p" | while read -r f; do
-      # What a C/C++ program run by mpirun needs: no headers, Fortran, Java or OpenSHMEM,
-      # and each shared library once, under its soname (the fully versioned names are the
-      # same files, which cp -L would copy twice).
-      case $f in /usr/*) ;; *) continue ;; esac
-      case $f in /usr/share/man/* | /usr/share/doc/* | /usr/share/lintian/* | */include/* | \
-        *oshmem* | *java* | *mpifh* | *usempi* | *.a | *.la | */pkgconfig/* | *.so.*.*.* | \
-        */pmix2/lib/libpmix.so*) continue ;;
-      esac
-      if [ -f "$f" ]; then
-        mkdir -p ".gpu-deps$(dirname "$f")"
-        cp -L "$f" ".gpu-deps$f"
-      fi
-    done
+    { dpkg -L "$p" 2>/dev/null || echo "gpu-deps: package $p not installed, left out" >&2; } |
+      while read -r f; do
+        # What a C/C++ program run by mpirun needs: no headers, Fortran, Java or OpenSHMEM,
+        # and each shared library once, under its soname (the fully versioned names are the
+        # same files, which cp -L would copy twice).
+        case $f in /usr/*) ;; *) continue ;; esac
+        case $f in /usr/share/man/* | /usr/share/doc/* | /usr/share/lintian/* | */include/* | \
+          *oshmem* | *java* | *mpifh* | *usempi* | *.a | *.la | */pkgconfig/* | *.so.*.*.* | \
+          */pmix2/lib/libpmix.so*) continue ;;
+        esac
+        if [ -f "$f" ]; then
+          mkdir -p ".gpu-deps$(dirname "$f")"
+          cp -L "$f" ".gpu-deps$f"
+        fi
+      done
   done
   cp -L "$(command -v mpirun)" "$dst/bin/mpirun"  # an alternatives link on Debian
 fi
