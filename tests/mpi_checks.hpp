@@ -32,15 +32,17 @@ void expect_error(const std::string& name, const std::string& says, F&& call) {
   }
 }
 
-/// call() (every rank calls it) with staged_eigen's staging copy `at`, counted from now,
-/// failing on the last rank only. Checks that every rank raised an alibi::error (the failing
-/// one saying why, the others naming it) or, where the last rank made fewer copies, that
-/// none did. Returns whether the failure happened.
+/// call() (every rank calls it) with staged_eigen's staging copy `at` (or, with `operation`,
+/// its device operation `at`), counted from now, failing on the last rank only. Checks that
+/// every rank raised an alibi::error (the failing one saying why, the others naming it) or,
+/// where the last rank made fewer, that none did. Returns whether the failure happened.
 template <class F>
-bool expect_failure_everywhere(const std::string& name, long long at, F&& call) {
+bool expect_failure_everywhere(const std::string& name, long long at, F&& call,
+                               bool operation = false) {
   using ops = alibi::detail::layer_ops<staged_eigen>;
   const bool mine = rank == P - 1;
-  ops::fail_at = mine ? ops::staged_copies + at : -1;
+  long long& trigger = operation ? ops::fail_op_at : ops::fail_at;
+  trigger = mine ? (operation ? ops::device_ops : ops::staged_copies) + at : -1;
   std::string what;
   try {
     call();
@@ -48,14 +50,15 @@ bool expect_failure_everywhere(const std::string& name, long long at, F&& call) 
     what = e.what();
     if (what.empty()) what = "(empty message)";
   }
-  const int fired = mine && ops::fail_at == -1 ? 1 : 0;
-  ops::fail_at = -1;
+  const int fired = mine && trigger == -1 ? 1 : 0;
+  trigger = -1;
   ops::flush();
   int any = 0;
   MPI_Allreduce(&fired, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (any && what.empty()) fail(name + ": this rank did not raise");
   if (!any && !what.empty()) fail(name + ": raised without a failure: " + what);
-  if (fired && what.find("injected copy failure") == std::string::npos)
+  if (fired && what.find(operation ? "injected operation failure" : "injected copy failure") ==
+                   std::string::npos)
     fail(name + ": the failing rank's message '" + what + "' does not say why");
   if (any && !fired && what.find("rank " + std::to_string(P - 1)) == std::string::npos)
     fail(name + ": the message '" + what + "' does not name the failing rank");

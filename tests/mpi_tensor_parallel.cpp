@@ -263,23 +263,47 @@ void attention_case(const Backend& be, const std::string& tag) {
   check(tag + "attention alone, bidirectional, GQA 24/12", out, E, ref, naive, B, L, E, len);
 }
 
-/// A staging copy of the all-reduce (to the host, 1, or back, 2) failing on the last rank
-/// of a staged_eigen module: every rank raises, the failing one with its own message.
+/// Failures on the last rank of staged_eigen modules: a staging copy of the all-reduce (to
+/// the host, 1, or back, 2), or the attention before the first all-reduce (operation 1);
+/// every rank raises, the failing one with its own message. Then the modules work again.
 void injected_failures() {
   alibi::mha_config cfg;
   cfg.embed_dim = 48;
   cfg.q_heads = 12;
+  alibi::layer_config lcfg;
+  lcfg.attention = cfg;
   alibi::mpi::tensor_parallel_attention<float, staged_eigen> tp(MPI_COMM_WORLD, cfg,
                                                                 staged_eigen{{1}});
+  alibi::mpi::tensor_parallel_layer<float, staged_eigen> layer(MPI_COMM_WORLD, lcfg,
+                                                               staged_eigen{{1}});
   std::vector<float> x(6 * 48, 0.5f), y(x.size());
+  const auto xv = alibi::make_view<const float>(x.data(), 1, 6, 48);
+  const auto yv = alibi::make_view(y.data(), 1, 6, 48);
   for (const long long at : {1, 2, 3}) {
     const std::string name = "staged all-reduce, a copy failing at copy " + std::to_string(at);
-    const bool any = mpi_checks::expect_failure_everywhere(name, at, [&] {
-      tp.forward(alibi::make_view<const float>(x.data(), 1, 6, 48),
-                 alibi::make_view(y.data(), 1, 6, 48));
-    });
+    const bool any = mpi_checks::expect_failure_everywhere(name, at, [&] { tp.forward(xv, yv); });
     if (at < 3 && !any) fail(name + ": the injected failure did not happen");
     if (at == 3 && any) fail(name + ": a forward makes two staging copies, not three");
+  }
+  for (const bool whole_layer : {false, true}) {
+    const std::string name = std::string(whole_layer ? "staged layer" : "staged attention") +
+                             ", the attention failing before the first all-reduce";
+    const bool any = mpi_checks::expect_failure_everywhere(
+        name, 1,
+        [&] {
+          if (whole_layer)
+            layer.forward(xv, yv);
+          else
+            tp.forward(xv, yv);
+        },
+        true);
+    if (!any) fail(name + ": the injected failure did not happen");
+  }
+  try {
+    layer.forward(xv, yv);
+    tp.forward(xv, yv);
+  } catch (const alibi::error& e) {
+    fail(std::string("the staged modules after a failure: ") + e.what());
   }
 }
 

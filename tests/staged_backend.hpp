@@ -10,8 +10,9 @@
 //   without a fence sees the old values, and the tests fail;
 // - every copy checks that its two sides do not overlap;
 // - `fail_at` makes the copy with that number throw a std::runtime_error (not an
-//   alibi::error, as CUDA's errors are not), to test that a failure on one rank becomes an
-//   error on every rank.
+//   alibi::error, as CUDA's errors are not), and `fail_op_at` the device operation (attention,
+//   merge, zero_rows) with that number, to test that a failure on one rank becomes an error on
+//   every rank.
 #pragma once
 
 #include <cstdio>
@@ -33,13 +34,23 @@ namespace detail {
 template <>
 struct layer_ops<staged_eigen> : layer_ops<backend::eigen> {
   using base = layer_ops<backend::eigen>;
-  static inline long long staged_copies = 0;                 // copies made so far
-  static inline long long fail_at = -1;                      // the copy number that throws, or -1
+  static inline long long staged_copies = 0;  // copies made so far
+  static inline long long fail_at = -1;       // the copy number that throws, or -1
+  static inline long long device_ops = 0;     // attention, merge and zero_rows calls so far
+  static inline long long fail_op_at = -1;    // the operation number that throws, or -1
   static inline std::vector<std::function<void()>> pending;  // queued destination writes
 
   static void flush() {
     for (const auto& write : pending) write();
     pending.clear();
+  }
+  /// A device operation begins: the queued copies first; maybe the injected failure.
+  static void device_op() {
+    flush();
+    if (++device_ops == fail_op_at) {
+      fail_op_at = -1;
+      throw std::runtime_error("staged_eigen: injected operation failure");
+    }
   }
 
   template <class T>
@@ -71,7 +82,7 @@ struct layer_ops<staged_eigen> : layer_ops<backend::eigen> {
   static void fence(const staged_eigen&) { flush(); }
   template <class T>
   static void zero_rows(const staged_eigen& be, T* dst, index_t ld, index_t rows, index_t cols) {
-    flush();
+    device_op();
     base::zero_rows(be, dst, ld, rows, cols);
   }
 };
@@ -81,12 +92,12 @@ struct attention_impl<staged_eigen> : attention_impl<backend::eigen> {
   using base = attention_impl<backend::eigen>;
   template <class... A>
   static void run(const staged_eigen& be, const A&... a) {
-    layer_ops<staged_eigen>::flush();
+    layer_ops<staged_eigen>::device_op();
     base::run(be, a...);
   }
   template <class T>
   static void merge(const staged_eigen& be, const partial_merge_args<T>& a) {
-    layer_ops<staged_eigen>::flush();
+    layer_ops<staged_eigen>::device_op();
     base::merge(be, a);
   }
 };

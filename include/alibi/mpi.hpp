@@ -183,6 +183,11 @@ void stage(const Backend& be, const T* src, T* dst, index_t count) {
   if (count > 0) ops_of<Backend>::stage_rows(be, src, count, dst, count, 1, count);
 }
 
+/// Whether a key mask is given: data, or any extent (a rank without rows passes (batch, 0)).
+inline bool given(const tensor_view<const bool, 2>& m) {
+  return m.data != nullptr || m.extents[0] != 0 || m.extents[1] != 0;
+}
+
 /// After a stretch of work in which a rank may have failed (a staged backend's copy or
 /// allocation, say: `error` is this rank's failure, empty if none): one MPI_Allgather of a
 /// word per rank, then every rank raises, its own error or "rank r failed", or none does. So
@@ -263,6 +268,10 @@ struct host_params {
         ops::fence(be);
       } catch (const std::exception& e) {  // alibi::error, or the backend's (cuda_error)
         error = e.what();
+        // Nothing may read the caller's views on the host now (they may be device memory).
+        params.q_lengths = params.k_lengths = {};
+        params.slopes.values = {};
+        params.key_mask = {};
       }
     } else {
       (void)be;
@@ -287,7 +296,7 @@ class whole_key_mask {
   whole_key_mask(MPI_Comm comm, const tensor_view<const bool, 2>& mine, index_t B,
                  const std::vector<std::vector<segment>>& segs,
                  const std::vector<index_t>& lengths) {
-    if (mine.data == nullptr) return;
+    if (!given(mine)) return;
     const int P = static_cast<int>(lengths.size());
     int rank = 0;
     check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
@@ -583,7 +592,7 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   else if (params.logsumexp.data || params.stats)
     local_error =
         fn + ": pass the logsumexp and the stats as arguments (lse, stats), not in params";
-  else if (params.key_mask.data &&
+  else if (given(params.key_mask) &&
            (params.key_mask.extents[0] != B || params.key_mask.extents[1] != n))
     local_error = fn + ": params.key_mask must have shape (batch, rows of this rank) = (" + str(B) +
                   ", " + str(n) + "), got (" + str(params.key_mask.extents[0]) + ", " +
@@ -627,6 +636,7 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
       attention_params p = params;
       p.mask = {};
       p.q_lengths = p.k_lengths = {};  // over the whole sequences, checked below
+      p.key_mask = {};                 // checked above; the calls read a gathered copy
       return p;
     }());
     if (!s) local_error = s.message();
@@ -653,7 +663,7 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   mine.w[D::far_chunks] = far_chunks ? 1 : 0;
   mine.w[D::with_lse] = lse.data ? 1 : 0;
   mine.w[D::lengths] = view_hash(hp.k_lengths, hp.k_lengths.extents[0], 1);
-  mine.w[D::key_mask] = params.key_mask.data ? 1 : 0;
+  mine.w[D::key_mask] = given(params.key_mask) ? 1 : 0;
   mine.w[D::seq_len] = n;
   const std::vector<std::int64_t> all =
       agree_words(comm, fn, mine.w, D::count, D::seq_len, field_name, local_error);
@@ -682,8 +692,8 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
 /// backend::cuda: q, k, v, out and lse in device memory (as for attention() there), the K/V
 /// parts staged through host buffers for MPI (each part received is uploaded to the device
 /// at the step it is computed; the computation queued on backend.stream runs while the next
-/// parts are in flight); params.k_lengths / q_lengths in device or host memory (copied to
-/// the host to plan), caller slopes in device memory (as attention() there reads them). The
+/// parts are in flight); params.k_lengths / q_lengths and key_mask in device or host memory
+/// (copied to the host), caller slopes in device memory (as attention() there reads them). The
 /// call synchronizes backend.stream before it returns. A CUDA error on one rank (a copy, an
 /// allocation, a kernel) is raised as an error on every rank at the next check (after the
 /// setup, after each step, at the end), never a hang.
@@ -1381,8 +1391,9 @@ void allreduce_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld, index
     if (n == 0) return;
     using ops = ops_of<Backend>;
     const std::string fn = "alibi::mpi tensor parallelism (all-reduce staging)";
-    // P elements more, one per rank: 1 where that rank's copy to the host failed, summed with
-    // the partial sums, so that every rank raises (and none waits in the next collective).
+    // P elements more, one per rank: 1 where that rank failed (its copy to the host, or its
+    // forward before this all-reduce: join_failed_allreduce), summed with the partial sums,
+    // so that every rank raises (and none waits in the next collective).
     int P = 1, rank = 0;
     check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
     check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
@@ -1403,8 +1414,8 @@ void allreduce_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld, index
     if (!failure.empty()) alibi::detail::raise(error(failure));
     for (int r = 0; r < P; ++r)
       if (pack[static_cast<std::size_t>(n + r)] != T(0))
-        alibi::detail::raise(error(fn + ": rank " + std::to_string(r) +
-                                   " failed to copy its partial sums (its error says why)"));
+        alibi::detail::raise(
+            error(fn + ": rank " + std::to_string(r) + " failed (its error says why)"));
     guarded<Backend>(failure, fn, [&] {
       ops::stage_rows(be, static_cast<const T*>(pack.data()), cols, rows, ld, count, cols);
       ops::fence(be);  // before `pack` is written again
@@ -1425,6 +1436,21 @@ void allreduce_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld, index
       "MPI_Allreduce (tensor-parallel partial sums)");
   for (index_t i = 0; i < count; ++i)
     std::memcpy(rows + i * ld, pack.data() + i * cols, static_cast<std::size_t>(cols) * sizeof(T));
+}
+
+/// A rank that failed before an all-reduce of n elements that the other ranks wait in (staged
+/// backends, allreduce_rows): its part of that all-reduce, zeros with this rank's failure
+/// flag set, so that they raise there.
+template <class T>
+void join_failed_allreduce(MPI_Comm comm, index_t n) {
+  int P = 1, rank = 0;
+  check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  std::vector<T> pack(static_cast<std::size_t>(n + P), T(0));
+  pack[static_cast<std::size_t>(n + rank)] = T(1);
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, pack.data(), static_cast<int>(n + P), mpi_type<T>(),
+                          MPI_SUM, comm),
+            "MPI_Allreduce (tensor-parallel partial sums)");
 }
 
 inline tensor_parallel_slice slice_of(MPI_Comm comm) {
@@ -1569,7 +1595,7 @@ class tensor_parallel_base {
     std::string local_error;
     try {
       shard_ = std::make_unique<Module<T, Backend>>(tensor_parallel_shard(config, slice_), backend);
-    } catch (const error& e) {
+    } catch (const std::exception& e) {  // alibi::error, or the backend's (cuda_error)
       local_error = fn_ + ": " + e.what();
     }
     agree_words(comm_, fn_, d.w, tp_words::batch, tp_words::batch, tp_words::name, local_error);
@@ -1586,7 +1612,39 @@ class tensor_parallel_base {
                 tp_local_check(x, out, embed_dim(shard_->config()), fn.c_str()));
   }
   void reduce(T* rows, index_t ld, index_t count, index_t cols) {
-    allreduce_rows(comm_, backend_, rows, ld, count, cols, pack_);
+    ++reductions_;
+    try {
+      allreduce_rows(comm_, backend_, rows, ld, count, cols, pack_);
+    } catch (...) {
+      reduce_raised_ = true;  // every rank raised there
+      throw;
+    }
+  }
+
+  /// A forward call f (the shard's forward, then for the attention module its all-reduce),
+  /// which makes `reductions` all-reduces of n elements. Staged backends: a failure on one
+  /// rank (a CUDA error) is an error on every rank: the failing rank joins the next all-reduce
+  /// the others wait in, flagged, and they raise there; one after the last all-reduce is
+  /// reported by one MPI_Allgather at the end.
+  template <class F>
+  void run(index_t n, int reductions, F&& f) {
+    if constexpr (!staged<Backend>) {
+      (void)n;
+      (void)reductions;
+      f();
+    } else {
+      const std::string fn = fn_ + "::forward";
+      reductions_ = 0;
+      reduce_raised_ = false;
+      std::string failure;
+      guarded<Backend>(failure, fn, f);
+      if (!failure.empty() && reduce_raised_) alibi::detail::raise(error(failure));
+      if (!failure.empty() && reductions_ < reductions) {
+        join_failed_allreduce<T>(comm_, n);
+        alibi::detail::raise(error(failure));
+      }
+      all_succeeded(comm_, fn, failure);
+    }
   }
 
   static void words(tp_words& d, const layer_config& c) { d.set_config(c.attention, &c); }
@@ -1600,6 +1658,8 @@ class tensor_parallel_base {
   std::string fn_;
   std::unique_ptr<Module<T, Backend>> shard_;
   std::vector<T> pack_;  // all-reduce staging for strided rows
+  int reductions_ = 0;   // the all-reduces of the forward call under way
+  bool reduce_raised_ = false;
 };
 
 }  // namespace detail
@@ -1639,14 +1699,20 @@ class tensor_parallel_layer
   /// x (batch, seq, embed_dim), the same on every rank -> out (same shape, on every rank).
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
     this->agree_call(x, out, opt, false);
-    this->shard_->forward(x, out, opt);
+    this->run(elements(x), 2, [&] { this->shard_->forward(x, out, opt); });
   }
   /// Incremental decoding: each rank's cache holds its shard's kv heads.
   template <class S>
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
                const forward_options& opt = {}) {
     this->agree_call(x, out, opt, true);
-    this->shard_->forward(x, out, cache, opt);
+    this->run(elements(x), 2, [&] { this->shard_->forward(x, out, cache, opt); });
+  }
+
+ private:
+  // The elements of each all-reduce: (batch * seq, embed_dim).
+  index_t elements(const tensor_view<const T, 3>& x) const {
+    return x.extents[0] * x.extents[1] * this->shard_->config().attention.embed_dim;
   }
 };
 
@@ -1671,19 +1737,27 @@ class tensor_parallel_attention
   /// Self-attention of x (batch, seq, embed_dim), the same on every rank -> out.
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
     this->agree_call(x, out, opt, false);
-    this->shard_->forward(x, out, opt);
-    reduce_out(out);
+    this->run(elements(x), 1, [&] {
+      this->shard_->forward(x, out, opt);
+      reduce_out(out);
+    });
   }
   /// Incremental decoding: each rank's cache holds its shard's kv heads.
   template <class S>
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
                const forward_options& opt = {}) {
     this->agree_call(x, out, opt, true);
-    this->shard_->forward(x, out, cache, opt);
-    reduce_out(out);
+    this->run(elements(x), 1, [&] {
+      this->shard_->forward(x, out, cache, opt);
+      reduce_out(out);
+    });
   }
 
  private:
+  // The elements of the all-reduce: (batch * seq, embed_dim).
+  index_t elements(const tensor_view<const T, 3>& x) const {
+    return x.extents[0] * x.extents[1] * this->shard_->config().embed_dim;
+  }
   void reduce_out(const tensor_view<T, 3>& out) {
     const index_t E = this->shard_->config().embed_dim;
     const index_t ld =
