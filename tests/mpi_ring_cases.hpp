@@ -82,6 +82,7 @@ struct test_case {
   bool expect_skips = false;   // with 3 or more ranks, far-chunk skipping must skip pairs
   bool far_chunks = true;      // ring_options::skip_far_chunks
   bool padded = false;         // batch entry 1 is a sequence of L / 3 rows, then NaN padding
+  bool empty_rank = false;     // rank 1 holds no rows (contiguous; its key mask is (batch, 0))
   bool key_mask = false;       // params.key_mask: about 1 key in 6 of batch entry 0 excluded,
                                // and the first 7 of entry 1 (causal: its first rows have none)
 };
@@ -107,8 +108,9 @@ inline void run_case(runner& r, const test_case& c) {
   std::vector<index_t> len(static_cast<std::size_t>(P));
   for (int r = 0; r < P; ++r)
     len[static_cast<std::size_t>(r)] =
-        c.layout == alibi::mpi::ring_layout::contiguous && !c.alltoall ? c.base + 5 * (r % 2)
-                                                                       : c.base;
+        c.empty_rank && r == 1                                           ? 0
+        : c.layout == alibi::mpi::ring_layout::contiguous && !c.alltoall ? c.base + 5 * (r % 2)
+                                                                         : c.base;
   index_t L = 0;
   for (index_t n : len) L += n;
   // The whole sequences, (B, H, L, D), the same on every rank.
@@ -195,7 +197,8 @@ inline void run_case(runner& r, const test_case& c) {
       for (index_t i = 0; i < n; ++i)
         part_mask[static_cast<std::size_t>(b * n + i)] =
             whole_mask[static_cast<std::size_t>(b * L + mine[static_cast<std::size_t>(i)])];
-    part_params.key_mask = alibi::make_view<const bool>(part_mask.get(), B, n);
+    // A rank without rows passes (batch, 0) without data.
+    part_params.key_mask = alibi::make_view<const bool>(n > 0 ? part_mask.get() : nullptr, B, n);
   }
   std::vector<float> out(static_cast<std::size_t>(B * Hq * n * ld), guard);
   std::vector<float> lse(static_cast<std::size_t>(B * Hq * n), guard);
@@ -248,7 +251,7 @@ inline void run_case(runner& r, const test_case& c) {
               std::max<double>(lse_err, std::fabs(got - want) / std::max(1.0f, std::fabs(want)));
       }
   const double bound = 2 * single_err + 8 * 0x1p-24 * std::max(1.0, scale);
-  if (copies_before >= 0 && r.copies() == copies_before)
+  if (copies_before >= 0 && n > 0 && r.copies() == copies_before)  // a rank without rows: none
     fail(r.name() + ", " + c.name + ": no staging copy was made");
   if (nan) fail(c.name + ": NaN in the output");
   if (!guards) fail(c.name + ": a guard element between rows was written");
@@ -429,6 +432,14 @@ inline void run_all(runner& r) {
               : variant == 1 ? "zigzag"
                              : "contiguous") +
              (c.causal ? ", causal" : ", bidirectional");
+    cases.push_back(c);
+  }
+  {
+    test_case c;
+    c.name = "key mask, contiguous, causal, rank 1 holds no rows";
+    c.key_mask = true;
+    c.causal = true;
+    c.empty_rank = true;
     cases.push_back(c);
   }
   for (bool tiles : {false, true}) {

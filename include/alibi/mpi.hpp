@@ -183,9 +183,14 @@ void stage(const Backend& be, const T* src, T* dst, index_t count) {
   if (count > 0) ops_of<Backend>::stage_rows(be, src, count, dst, count, 1, count);
 }
 
-/// Whether a key mask is given: data, or any extent (a rank without rows passes (batch, 0)).
-inline bool given(const tensor_view<const bool, 2>& m) {
-  return m.data != nullptr || m.extents[0] != 0 || m.extents[1] != 0;
+/// Whether an optional view (the key mask, lse) is given: data, or any extent. A rank without
+/// rows passes (batch, 0) or (batch, heads, 0), whose data may be null.
+template <class V>
+bool given(const V& m) {
+  if (m.data != nullptr) return true;
+  for (int i = 0; i < V::rank; ++i)
+    if (m.extents[i] != 0) return true;
+  return false;
 }
 
 /// After a stretch of work in which a rank may have failed (a staged backend's copy or
@@ -618,8 +623,8 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
     local_error = fn + ": q, k, v and out must hold the same rows (extent(2)): got " + str(n) +
                   ", " + str(k.extents[2]) + ", " + str(v.extents[2]) + " and " +
                   str(out.extents[2]);
-  else if (lse.data && (lse.extents[0] != q.extents[0] || lse.extents[1] != q.extents[1] ||
-                        lse.extents[2] != n))
+  else if (given(lse) && (lse.extents[0] != q.extents[0] || lse.extents[1] != q.extents[1] ||
+                          lse.extents[2] != n))
     local_error = fn + ": lse must have shape (batch, q_heads, rows) of q";
   else if (k.extents[3] != q.extents[3])
     local_error = fn + ": q and k must have the same head_dim (extent(3))";
@@ -661,7 +666,7 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   mine.w[D::skip] = params.skip_far_tiles ? 1 : 0;
   mine.w[D::layout] = layout;
   mine.w[D::far_chunks] = far_chunks ? 1 : 0;
-  mine.w[D::with_lse] = lse.data ? 1 : 0;
+  mine.w[D::with_lse] = given(lse) ? 1 : 0;
   mine.w[D::lengths] = view_hash(hp.k_lengths, hp.k_lengths.extents[0], 1);
   mine.w[D::key_mask] = given(params.key_mask) ? 1 : 0;
   mine.w[D::seq_len] = n;
@@ -1152,7 +1157,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     if constexpr (staged) detail::all_succeeded(comm, fn, failure);
   }
   guard([&] {
-    if (lse.data)
+    if (detail::given(lse))
       detail::copy_rows(backend, detail::as_rows<const float>(acc_lse_v), detail::as_rows(lse),
                         false);
     ops::fence(backend);  // staged: out and lse are written when the call returns
@@ -1296,7 +1301,7 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
     p.slopes.global_heads = params.slopes.global_heads > 0 ? params.slopes.global_heads : hq * P;
     p.slopes.head_offset = params.slopes.head_offset + rank * hq;
   }
-  if (lse.data) p.logsumexp = make_view(l_at, B, hq, L);
+  if (detail::given(lse)) p.logsumexp = make_view(l_at, B, hq, L);
   guard([&] {
     if (host.params.k_lengths.data) {
       for (index_t b = 0; b < B; ++b) seq_lengths.push_back(host.params.k_lengths(b));
@@ -1310,7 +1315,7 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
     if constexpr (staged) {
       detail::stage(backend, static_cast<const float*>(o_at), oh.data(),
                     static_cast<index_t>(oh.size()));
-      if (lse.data)
+      if (detail::given(lse))
         detail::stage(backend, static_cast<const float*>(l_at), lh.data(),
                       static_cast<index_t>(lh.size()));
       ops::fence(backend);
@@ -1344,7 +1349,7 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
   if constexpr (staged) {
     out_rows.resize(static_cast<std::size_t>(B * Hq_all * n * Dv));
     out_h = make_view(out_rows.data(), B, Hq_all, n, Dv);
-    if (lse.data) {
+    if (detail::given(lse)) {
       lse_rows.resize(static_cast<std::size_t>(B * Hq_all * n));
       lse_h = make_view(lse_rows.data(), B, Hq_all, n);
     }
@@ -1352,13 +1357,13 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
   to_rows(oh, Dv, [&](index_t b, index_t h, index_t i, const float* src) {
     std::memcpy(out_h.ptr(b, h, i), src, static_cast<std::size_t>(Dv) * sizeof(float));
   });
-  if (lse.data)
+  if (detail::given(lse))
     to_rows(lh, 1,
             [&](index_t b, index_t h, index_t i, const float* src) { lse_h(b, h, i) = *src; });
   if constexpr (staged) {
     guard([&] {
       detail::copy_rows(backend, tensor_view<const float, 4>(out_h), out, false);
-      if (lse.data)
+      if (detail::given(lse))
         detail::copy_rows(backend, detail::as_rows<const float>(lse_h), detail::as_rows(lse),
                           false);
       ops::fence(backend);
