@@ -14,7 +14,8 @@ cmake --build "$build" --target alibi_cuda_tests alibi_cuda_bench alibi_suite_cu
   alibi_example_cuda_attention
 # The MPI test with backend::cuda, where MPI is installed (the target exists then).
 mpi=
-if cmake --build "$build" --target help | grep -q '^alibi_mpi_ring_cuda:'; then
+targets=$(cmake --build "$build" --target help)
+if grep -q '^alibi_mpi_ring_cuda:' <<<"$targets"; then
   cmake --build "$build" --target alibi_mpi_ring_cuda
   mpi=$build/tests/alibi_mpi_ring_cuda
 else

@@ -216,10 +216,10 @@ inline void run_case(runner& r, const test_case& c) {
   try {
     if (c.alltoall)
       r.alltoall(view(qp.data(), Hq), view(kp.data(), Hkv), view(vp.data(), Hkv), out_view,
-                 part_params, alibi::make_view(lse.data(), B, Hq, n));
+                 part_params, alibi::make_view(n > 0 ? lse.data() : nullptr, B, Hq, n));
     else
       r.ring(view(qp.data(), Hq), view(kp.data(), Hkv), view(vp.data(), Hkv), out_view, part_params,
-             opt, alibi::make_view(lse.data(), B, Hq, n), &stats);
+             opt, alibi::make_view(n > 0 ? lse.data() : nullptr, B, Hq, n), &stats);
   } catch (const alibi::error& e) {
     fail(c.name + ": " + e.what());
     return;
@@ -318,6 +318,14 @@ inline void error_cases(runner& r) {
     kp.key_mask = alibi::make_view<const bool>(m.get(), B, n + 1);
     expect_error("key mask of other rows", "params.key_mask must have shape",
                  [&] { ring(n, 32, kp); });
+    // Extents without data: refused, never read (the mask, and lse).
+    kp.key_mask = alibi::make_view<const bool>(nullptr, B, n);
+    expect_error("key mask without data", "params.key_mask.data is null", [&] { ring(n, 32, kp); });
+    expect_error("lse without data", "lse.data is null", [&] {
+      const auto in = alibi::make_view<const float>(x.data(), B, H, n, 32);
+      r.ring(in, in, in, alibi::make_view(o.data(), B, H, n, 32), {}, {},
+             alibi::make_view<float>(nullptr, B, H, n));
+    });
   }
   // Rank 0 passes an out of other rows: its own message there, "rank 0 refused" elsewhere.
   expect_error("a refused argument", rank == 0 ? "must hold the same rows" : "rank 0 refused",

@@ -264,9 +264,10 @@ void attention_case(const Backend& be, const std::string& tag) {
 }
 
 /// Failures on the last rank of staged_eigen modules: a staging copy of the all-reduce (to
-/// the host, 1, or back, 2), or the attention before the first all-reduce (operation 1);
-/// every rank raises, the failing one with its own message. Then the modules work again.
+/// the host, 1, or back, 2), or each device operation of a forward; every rank raises, the
+/// failing one with its own message. Then the modules work again.
 void injected_failures() {
+  using staged_ops = alibi::detail::layer_ops<staged_eigen>;
   alibi::mha_config cfg;
   cfg.embed_dim = 48;
   cfg.q_heads = 12;
@@ -285,19 +286,34 @@ void injected_failures() {
     if (at < 3 && !any) fail(name + ": the injected failure did not happen");
     if (at == 3 && any) fail(name + ": a forward makes two staging copies, not three");
   }
-  for (const bool whole_layer : {false, true}) {
-    const std::string name = std::string(whole_layer ? "staged layer" : "staged attention") +
-                             ", the attention failing before the first all-reduce";
-    const bool any = mpi_checks::expect_failure_everywhere(
-        name, 1,
-        [&] {
-          if (whole_layer)
-            layer.forward(xv, yv);
-          else
-            tp.forward(xv, yv);
-        },
-        true);
-    if (!any) fail(name + ": the injected failure did not happen");
+  // Every device operation of a forward (the last rank's count T, on every rank): before the
+  // first all-reduce, between the two of a layer, after the last (post-norm: the second norm).
+  for (int module = 0; module < 3; ++module) {
+    alibi::layer_config post = lcfg;
+    post.norm = alibi::norm_position::post;
+    alibi::mpi::tensor_parallel_layer<float, staged_eigen> post_layer(MPI_COMM_WORLD, post,
+                                                                      staged_eigen{{1}});
+    auto call = [&] {
+      if (module == 0) tp.forward(xv, yv);
+      if (module == 1) layer.forward(xv, yv);
+      if (module == 2) post_layer.forward(xv, yv);
+    };
+    const long long before = staged_ops::device_ops;
+    call();
+    long long T = staged_ops::device_ops - before;
+    MPI_Bcast(&T, 1, MPI_LONG_LONG, P - 1, MPI_COMM_WORLD);
+    const std::string what = module == 0   ? "staged attention"
+                             : module == 1 ? "staged layer"
+                                           : "staged post-norm layer";
+    for (long long at = 1; at <= T; ++at) {
+      const std::string name = what + ", device operation " + std::to_string(at) + " of " +
+                               std::to_string(T) + " failing";
+      if (!mpi_checks::expect_failure_everywhere(name, at, call, true))
+        fail(name + ": the injected failure did not happen");
+    }
+    if (rank == 0)
+      std::printf("%d ranks, %s: each of its %lld device operations failing on rank %d\n", P,
+                  what.c_str(), T, P - 1);
   }
   try {
     layer.forward(xv, yv);

@@ -11,8 +11,8 @@
 // - every copy checks that its two sides do not overlap;
 // - `fail_at` makes the copy with that number throw a std::runtime_error (not an
 //   alibi::error, as CUDA's errors are not), and `fail_op_at` the device operation (attention,
-//   merge, zero_rows) with that number, to test that a failure on one rank becomes an error on
-//   every rank.
+//   merge, zero_rows, and the layers' linear, norms and multiply) with that number, to test
+//   that a failure on one rank becomes an error on every rank.
 #pragma once
 
 #include <cstdio>
@@ -84,6 +84,26 @@ struct layer_ops<staged_eigen> : layer_ops<backend::eigen> {
   static void zero_rows(const staged_eigen& be, T* dst, index_t ld, index_t rows, index_t cols) {
     device_op();
     base::zero_rows(be, dst, ld, rows, cols);
+  }
+  template <class... A>
+  static void linear(const staged_eigen& be, const A&... a) {
+    device_op();
+    base::linear(be, a...);
+  }
+  template <class... A>
+  static void layer_norm(const staged_eigen& be, const A&... a) {
+    device_op();
+    base::layer_norm(be, a...);
+  }
+  template <class... A>
+  static void rms_norm(const staged_eigen& be, const A&... a) {
+    device_op();
+    base::rms_norm(be, a...);
+  }
+  template <class... A>
+  static void multiply(const staged_eigen& be, const A&... a) {
+    device_op();
+    base::multiply(be, a...);
   }
 };
 

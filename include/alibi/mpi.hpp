@@ -598,6 +598,12 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
     local_error =
         fn + ": pass the logsumexp and the stats as arguments (lse, stats), not in params";
   else if (given(params.key_mask) &&
+           !alibi::detail::check_view(fn.c_str(), "params.key_mask", params.key_mask))
+    local_error =
+        alibi::detail::check_view(fn.c_str(), "params.key_mask", params.key_mask).message();
+  else if (given(lse) && !alibi::detail::check_view(fn.c_str(), "lse", lse))
+    local_error = alibi::detail::check_view(fn.c_str(), "lse", lse).message();
+  else if (given(params.key_mask) &&
            (params.key_mask.extents[0] != B || params.key_mask.extents[1] != n))
     local_error = fn + ": params.key_mask must have shape (batch, rows of this rank) = (" + str(B) +
                   ", " + str(n) + "), got (" + str(params.key_mask.extents[0]) + ", " +
@@ -1447,11 +1453,11 @@ void allreduce_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld, index
 /// backends, allreduce_rows): its part of that all-reduce, zeros with this rank's failure
 /// flag set, so that they raise there.
 template <class T>
-void join_failed_allreduce(MPI_Comm comm, index_t n) {
+void join_failed_allreduce(MPI_Comm comm, index_t n, std::vector<T>& pack) {
   int P = 1, rank = 0;
   check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  std::vector<T> pack(static_cast<std::size_t>(n + P), T(0));
+  pack.assign(static_cast<std::size_t>(n + P), T(0));
   pack[static_cast<std::size_t>(n + rank)] = T(1);
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, pack.data(), static_cast<int>(n + P), mpi_type<T>(),
                           MPI_SUM, comm),
@@ -1642,10 +1648,18 @@ class tensor_parallel_base {
       reductions_ = 0;
       reduce_raised_ = false;
       std::string failure;
-      guarded<Backend>(failure, fn, f);
+      guarded<Backend>(failure, fn, [&] {
+        f();
+        ops_of<Backend>::fence(backend_);  // the work queued after the last all-reduce too
+      });
       if (!failure.empty() && reduce_raised_) alibi::detail::raise(error(failure));
-      if (!failure.empty() && reductions_ < reductions) {
-        join_failed_allreduce<T>(comm_, n);
+      // The others wait in the next all-reduce, unless it makes no collective (no elements)
+      // or every rank refuses it (too many elements): then they reach all_succeeded.
+      int P = 1;
+      check_mpi(MPI_Comm_size(comm_, &P), "MPI_Comm_size");
+      if (!failure.empty() && reductions_ < reductions && n > 0 &&
+          n + P <= std::numeric_limits<int>::max()) {
+        join_failed_allreduce<T>(comm_, n, pack_);
         alibi::detail::raise(error(failure));
       }
       all_succeeded(comm_, fn, failure);
