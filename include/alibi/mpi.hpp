@@ -1653,14 +1653,17 @@ class tensor_parallel_base {
         ops_of<Backend>::fence(backend_);  // the work queued after the last all-reduce too
       });
       if (!failure.empty() && reduce_raised_) alibi::detail::raise(error(failure));
-      // The others wait in the next all-reduce, unless it makes no collective (no elements)
-      // or every rank refuses it (too many elements): then they reach all_succeeded.
+      // The others wait in the next all-reduce. Unless it has too many elements: then every
+      // rank refuses it before any collective, and raises; or none: then it makes no
+      // collective, and they reach all_succeeded.
       int P = 1;
       check_mpi(MPI_Comm_size(comm_, &P), "MPI_Comm_size");
-      if (!failure.empty() && reductions_ < reductions && n > 0 &&
-          n + P <= std::numeric_limits<int>::max()) {
-        join_failed_allreduce<T>(comm_, n, pack_);
-        alibi::detail::raise(error(failure));
+      if (!failure.empty() && reductions_ < reductions) {
+        if (n + P > std::numeric_limits<int>::max()) alibi::detail::raise(error(failure));
+        if (n > 0) {
+          join_failed_allreduce<T>(comm_, n, pack_);
+          alibi::detail::raise(error(failure));
+        }
       }
       all_succeeded(comm_, fn, failure);
     }
