@@ -880,21 +880,21 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   const auto part_out_v = make_view(part_out.data(), B, Hq, n, Dv);
   const auto part_lse_v = make_view(part_lse.data(), B, Hq, n);
   // Nothing yet: out 0 and lse -inf, which merge_partials treats as "no keys".
-  const std::vector<float> no_keys(static_cast<std::size_t>(rows_all),
-                                   -std::numeric_limits<float>::infinity());
+  constexpr float no_keys = -std::numeric_limits<float>::infinity();
   if constexpr (staged) {
     guard([&] {
       for (index_t b = 0; b < B; ++b)
         for (index_t h = 0; h < Hq && n > 0 && Dv > 0; ++h)
           ops::zero_rows(backend, out.ptr(b, h, 0), out.strides[2], n, Dv);
-      detail::stage(backend, no_keys.data(), acc_lse.data(), rows_all);
-      ops::fence(backend);
+      const std::vector<float> host(static_cast<std::size_t>(rows_all), no_keys);
+      detail::stage(backend, host.data(), acc_lse.data(), rows_all);
+      ops::fence(backend);  // before `host` goes
     });
   } else {
     for (index_t b = 0; b < B; ++b)
       for (index_t h = 0; h < Hq; ++h)
         for (index_t i = 0; i < n; ++i) std::fill(out.ptr(b, h, i), out.ptr(b, h, i) + Dv, 0.0f);
-    std::copy(no_keys.begin(), no_keys.end(), acc_lse.data());
+    std::fill(acc_lse.data(), acc_lse.data() + rows_all, no_keys);
   }
 
   const int next = (rank + 1) % P, prev = (rank + P - 1) % P;
@@ -1041,7 +1041,7 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
   auto pairs_with = [&](int src, const tensor_view<const float, 4>& kpart,
                         const tensor_view<const float, 4>& vpart, bool diagonal_done) {
     const bool wanted = src == rank || need[static_cast<std::size_t>(rank * P + src)];
-    if (wanted) refresh_lse();
+    if (wanted && src != rank) refresh_lse();  // the own part: refreshed for the plan already
     for (std::size_t a = 0; a < nseg; ++a)
       for (std::size_t c = 0; c < nseg; ++c) {
         if (diagonal_done && a == c) continue;
@@ -1656,10 +1656,9 @@ class tensor_parallel_base {
       // The others wait in the next all-reduce. Unless it has too many elements: then every
       // rank refuses it before any collective, and raises; or none: then it makes no
       // collective, and they reach all_succeeded.
-      int P = 1;
-      check_mpi(MPI_Comm_size(comm_, &P), "MPI_Comm_size");
       if (!failure.empty() && reductions_ < reductions) {
-        if (n + P > std::numeric_limits<int>::max()) alibi::detail::raise(error(failure));
+        if (n + slice_.ranks > std::numeric_limits<int>::max())
+          alibi::detail::raise(error(failure));
         if (n > 0) {
           join_failed_allreduce<T>(comm_, n, pack_);
           alibi::detail::raise(error(failure));
