@@ -22,6 +22,10 @@ cd "$(dirname "$0")/.."
 results=${ALIBI_GPU_RESULTS:-gpu-check-results}
 mkdir -p "$results"
 prefix=$PWD/.gpu-deps/usr
+pre=${ALIBI_GPU_PREBUILT:-}
+# scripts/gpu-deps.sh and gpu-prebuild.sh pack their folders for the copy to this machine.
+. scripts/gpu/archive.sh
+for d in .gpu-deps $pre; do unpack "$d" || echo "could not unpack $d/packed.tar.xz"; done
 cuda_lib=
 if command -v nvcc >/dev/null; then
   cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
@@ -50,7 +54,6 @@ bench=$bin/bench/alibi_cuda_bench
 suite=$bin/bench/alibi_suite_cuda
 example=$bin/examples/alibi_example_cuda_attention
 mpi_test=
-pre=${ALIBI_GPU_PREBUILT:-}
 starts() { "$pre/alibi_cuda_bench" --help >/dev/null 2>&1 && "$pre/alibi_cuda_tests" --help >/dev/null 2>&1; }
 if [ -n "$pre" ] && starts; then
   step "prebuilt binaries from $pre"

@@ -44,3 +44,7 @@ if [ "${ALIBI_GPU_DEPS_MPI:-1}" != 0 ] && dpkg -s openmpi-bin >/dev/null 2>&1; t
   cp -L "$(command -v mpirun)" "$dst/bin/mpirun"  # an alternatives link on Debian
 fi
 du -sh .gpu-deps
+# Packed for the copy to a GPU machine; scripts/gpu-check.sh unpacks it there.
+. scripts/gpu/archive.sh
+pack .gpu-deps
+du -sh .gpu-deps

@@ -25,5 +25,14 @@ rm -rf .gpu-bin
 mkdir -p .gpu-bin
 cp "$build/tests/alibi_cuda_tests" "$build/bench/alibi_cuda_bench" "$build/bench/alibi_suite_cuda" \
   "$build/examples/alibi_example_cuda_attention" $mpi .gpu-bin/
+du -sh .gpu-bin
+# Packed for the copy to a GPU machine; scripts/gpu-check.sh unpacks it there.
+. scripts/gpu/archive.sh
+pack .gpu-bin
 echo "built for sm_$arch from $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)') on $(date -u +%F)" >.gpu-bin/built.txt
 du -sh .gpu-bin
+# What travels to the GPU machine: the repository's files (tracked, or untracked and not
+# ignored) with .gpu-deps and .gpu-bin.
+bytes=$({ git ls-files -z --cached --others --exclude-standard
+  find .gpu-deps .gpu-bin -type f -print0 2>/dev/null; } | du -cb --files0-from=- | tail -1 | cut -f1)
+echo "the working tree with .gpu-deps and .gpu-bin: $((bytes >> 20)) MiB"
