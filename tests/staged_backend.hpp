@@ -36,7 +36,7 @@ struct layer_ops<staged_eigen> : layer_ops<backend::eigen> {
   using base = layer_ops<backend::eigen>;
   static inline long long staged_copies = 0;  // copies made so far
   static inline long long fail_at = -1;       // the copy number that throws, or -1
-  static inline long long device_ops = 0;     // attention, merge and zero_rows calls so far
+  static inline long long device_ops = 0;     // device operations (see above) so far
   static inline long long fail_op_at = -1;    // the operation number that throws, or -1
   static inline std::vector<std::function<void()>> pending;  // queued destination writes
 

@@ -1387,6 +1387,12 @@ MPI_Datatype mpi_type() {
   return std::is_same<T, float>::value ? MPI_FLOAT : MPI_DOUBLE;
 }
 
+/// Whether a staged all-reduce of n elements fits one MPI message's count with its P flags
+/// (allreduce_rows); where it does not, every rank refuses it before any collective.
+inline bool flagged_allreduce_fits(index_t n, int P) {
+  return n + P <= std::numeric_limits<int>::max();
+}
+
 /// In place: rows (count, cols), row stride ld, in the backend's memory, summed over the
 /// ranks of comm (MPI_Allreduce). Rows with gaps, and every staged backend's rows, go through
 /// `pack` in host memory.
@@ -1408,7 +1414,7 @@ void allreduce_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld, index
     int P = 1, rank = 0;
     check_mpi(MPI_Comm_size(comm, &P), "MPI_Comm_size");
     check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-    if (n + P > std::numeric_limits<int>::max())
+    if (!flagged_allreduce_fits(n, P))
       alibi::detail::raise(
           error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 1 "
                 "elements (one MPI message's count) with the ranks' flags"));
@@ -1632,15 +1638,15 @@ class tensor_parallel_base {
     }
   }
 
-  /// A forward call f (the shard's forward, then for the attention module its all-reduce),
-  /// which makes `reductions` all-reduces of n elements. Staged backends: a failure on one
-  /// rank (a CUDA error) is an error on every rank: the failing rank joins the next all-reduce
-  /// the others wait in, flagged, and they raise there; one after the last all-reduce is
-  /// reported by one MPI_Allgather at the end.
+  /// A forward call f of x (the shard's forward, then for the attention module its
+  /// all-reduce), which makes `reductions` all-reduces of (batch * seq, embed_dim) elements. Staged
+  /// backends: a failure on one rank (a CUDA error) is an error on every rank: the failing rank
+  /// joins the next all-reduce the others wait in, flagged, and they raise there; one after the
+  /// last all-reduce is reported by one MPI_Allgather at the end.
   template <class F>
-  void run(index_t n, int reductions, F&& f) {
+  void run(const tensor_view<const T, 3>& x, int reductions, F&& f) {
     if constexpr (!staged<Backend>) {
-      (void)n;
+      (void)x;
       (void)reductions;
       f();
     } else {
@@ -1657,8 +1663,8 @@ class tensor_parallel_base {
       // rank refuses it before any collective, and raises; or none: then it makes no
       // collective, and they reach all_succeeded.
       if (!failure.empty() && reductions_ < reductions) {
-        if (n + slice_.ranks > std::numeric_limits<int>::max())
-          alibi::detail::raise(error(failure));
+        const index_t n = x.extents[0] * x.extents[1] * embed_dim(shard_->config());
+        if (!flagged_allreduce_fits(n, slice_.ranks)) alibi::detail::raise(error(failure));
         if (n > 0) {
           join_failed_allreduce<T>(comm_, n, pack_);
           alibi::detail::raise(error(failure));
@@ -1720,20 +1726,14 @@ class tensor_parallel_layer
   /// x (batch, seq, embed_dim), the same on every rank -> out (same shape, on every rank).
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
     this->agree_call(x, out, opt, false);
-    this->run(elements(x), 2, [&] { this->shard_->forward(x, out, opt); });
+    this->run(x, 2, [&] { this->shard_->forward(x, out, opt); });
   }
   /// Incremental decoding: each rank's cache holds its shard's kv heads.
   template <class S>
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
                const forward_options& opt = {}) {
     this->agree_call(x, out, opt, true);
-    this->run(elements(x), 2, [&] { this->shard_->forward(x, out, cache, opt); });
-  }
-
- private:
-  // The elements of each all-reduce: (batch * seq, embed_dim).
-  index_t elements(const tensor_view<const T, 3>& x) const {
-    return x.extents[0] * x.extents[1] * this->shard_->config().attention.embed_dim;
+    this->run(x, 2, [&] { this->shard_->forward(x, out, cache, opt); });
   }
 };
 
@@ -1758,7 +1758,7 @@ class tensor_parallel_attention
   /// Self-attention of x (batch, seq, embed_dim), the same on every rank -> out.
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
     this->agree_call(x, out, opt, false);
-    this->run(elements(x), 1, [&] {
+    this->run(x, 1, [&] {
       this->shard_->forward(x, out, opt);
       reduce_out(out);
     });
@@ -1768,17 +1768,13 @@ class tensor_parallel_attention
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
                const forward_options& opt = {}) {
     this->agree_call(x, out, opt, true);
-    this->run(elements(x), 1, [&] {
+    this->run(x, 1, [&] {
       this->shard_->forward(x, out, cache, opt);
       reduce_out(out);
     });
   }
 
  private:
-  // The elements of the all-reduce: (batch * seq, embed_dim).
-  index_t elements(const tensor_view<const T, 3>& x) const {
-    return x.extents[0] * x.extents[1] * this->shard_->config().embed_dim;
-  }
   void reduce_out(const tensor_view<T, 3>& out) {
     const index_t E = this->shard_->config().embed_dim;
     const index_t ld =
