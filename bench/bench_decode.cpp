@@ -28,7 +28,7 @@
 // BM_decode_kv: what that layout costs a step. BM_decode_tokens_outer_skip: the same with
 // far-tile skipping on and the key norms computed by the call (BM_decode_kv's skip 1).
 // BM_decode_blocked / BM_decode_arith_blocked: the same with K in blocks of 16 keys
-// (alibi/key_blocks.hpp; a copy of the same keys).
+// (alibi/core/key_blocks.hpp; a copy of the same keys).
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
 // BM_small_products: the decode products alone on one cache-resident tile, GFLOP/s (product
 // 2: Q K^T from K in blocks).
@@ -54,8 +54,8 @@
 #include <benchmark/benchmark.h>
 
 #include <alibi/backend/eigen/kv_tiles.hpp>
-#include <alibi/backend/eigen/small_rows.hpp>
-#include <alibi/backend/eigen/workspace.hpp>
+#include <alibi/backend/host/small_rows.hpp>
+#include <alibi/backend/host/workspace.hpp>
 
 #include "common.hpp"
 #include "decode_views.hpp"

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include <alibi/safetensors.hpp>
+#include <alibi/io/safetensors.hpp>
 
 namespace {
 

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 // The K/V views of the decode benchmarks (bench_decode.cpp and the in-process A/B tool,
 // ab/decode_step.cpp): one sequence's K and V, (1, Hkv, Lk, D), and the same K in blocks of
-// 16 keys (alibi/key_blocks.hpp), either streamed from memory or with a key stride of 0; or K and V
+// 16 keys (alibi/core/key_blocks.hpp), either streamed from memory or with a key stride of 0; or K and V
 // read with the tokens outermost.
 #pragma once
 
-#include <alibi/key_blocks.hpp>
-#include <alibi/tensor_view.hpp>
+#include <alibi/core/key_blocks.hpp>
+#include <alibi/core/tensor_view.hpp>
 
 namespace alibi_bench {
 

@@ -5,7 +5,7 @@
 # fails), but undocumented entities are not warned about: the reference documents what has a
 # comment. The detail namespaces and the CUDA kernel headers
 # (include/alibi/backend/cuda) are internals and are left out; alibi::backend::cuda, the tag
-# a user passes, is declared in backend/fwd.hpp and stays in.
+# a user passes, is declared in core/backends.hpp and stays in.
 set(DOXYGEN_PROJECT_NAME alibi)
 set(DOXYGEN_PROJECT_NUMBER ${PROJECT_VERSION})
 set(DOXYGEN_PROJECT_BRIEF "${PROJECT_DESCRIPTION}")

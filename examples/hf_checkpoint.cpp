@@ -23,7 +23,7 @@
 
 #include <Eigen/Core>
 #include <alibi/alibi.hpp>
-#include <alibi/layers/checkpoint.hpp>
+#include <alibi/models/checkpoint.hpp>
 
 namespace {
 

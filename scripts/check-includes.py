@@ -1,48 +1,66 @@
 #!/usr/bin/env python3
-"""Checks that alibi's headers include only headers of their own layer or below (README,
-"Architecture"): contract -> shared numerics (detail/) -> front end -> backends -> layers ->
-umbrellas. Prints each upward include and exits 1 if there is one."""
+"""Checks the folder rule of include/alibi (docs/architecture.md): a header includes alibi
+headers of its own folder or of a lower layer, never of a higher one, and a backend never
+includes another backend's folder (only backend/host/, which the host backends share).
+Prints each violation and exits 1 if there is one."""
 import pathlib
-import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "include"
 
-# (layer, patterns): the first matching pattern gives a header its layer.
+# The layers, lowest first. A folder's headers take its layer; the files at the top of
+# include/alibi are either the front end or the umbrellas, named here.
 LAYERS = [
-    (0, [r"alibi/(config|error|tensor_view|version)\.hpp", r"alibi/backend/fwd\.hpp"]),
-    (1, [r"alibi/(slopes|bias|key_blocks)\.hpp"]),
-    (2, [r"alibi/problem\.hpp"]),
-    (3, [r"alibi/detail/.*"]),
-    (4, [r"alibi/(attention|attention_backward|merge|bias_matrix|eigen|safetensors)\.hpp",
-         r"alibi/layers/(config|ops)\.hpp"]),
-    (5, [r"alibi/backend/(reference|eigen|cuda)/.*"]),
-    (6, [r"alibi/layers/.*", r"alibi/mpi\.hpp"]),
-    (7, [r"alibi/(alibi\.hpp|cuda\.cuh|layers\.hpp)", r"alibi/backend/(eigen|reference)\.hpp"]),
+    ("core", ["core/"]),
+    ("numerics", ["numerics/"]),
+    ("front end", ["attention.hpp", "attention_backward.hpp", "merge.hpp", "bias_matrix.hpp",
+                   "layer_config.hpp", "layer_ops.hpp"]),
+    ("io, interop", ["io/", "interop/"]),
+    ("host backends' shared code", ["backend/host/"]),
+    ("backends", ["backend/reference/", "backend/eigen/", "backend/cuda/"]),
+    ("layers", ["layers/"]),
+    ("models", ["models/"]),
+    ("mpi", ["mpi/"]),
+    ("umbrellas", ["alibi.hpp", "cuda.cuh", "layers.hpp", "mpi.hpp"]),
 ]
+# Folders of one layer that must not include each other.
+SIBLINGS = ["backend/reference/", "backend/eigen/", "backend/cuda/", "io/", "interop/"]
 
 
-def layer(name):
-    for rank, patterns in LAYERS:
-        if any(re.fullmatch(p, name) for p in patterns):
-            return rank
-    return None
+def place(name):
+    """(layer index, folder or file) of a header path relative to include/alibi."""
+    for rank, (_, entries) in enumerate(LAYERS):
+        for entry in entries:
+            if name == entry or (entry.endswith("/") and name.startswith(entry)):
+                return rank, entry
+    return None, None
 
 
 def main():
     bad = []
-    for path in sorted(ROOT.rglob("*")):
-        if path.suffix not in (".hpp", ".cuh"):
+    for path in sorted((ROOT / "alibi").rglob("*")):
+        if path.suffix not in (".hpp", ".cuh", ".inc"):
             continue
-        name = path.relative_to(ROOT).as_posix()
-        own = layer(name)
+        name = path.relative_to(ROOT / "alibi").as_posix()
+        own, own_entry = place(name)
         if own is None:
-            bad.append(f"{name}: not assigned to a layer in {pathlib.Path(__file__).name}")
+            bad.append(f"{name}: in no layer of {pathlib.Path(__file__).name}")
             continue
-        for inc in re.findall(r'#include\s+[<"](alibi/[^>"]+)[>"]', path.read_text()):
-            other = layer(inc)
-            if other is None or other > own:
-                bad.append(f"{name} (layer {own}) includes {inc} (layer {other})")
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if not line.startswith("#include"):
+                continue
+            target = line.split(None, 1)[1].strip('<>"')
+            if not target.startswith("alibi/"):
+                continue
+            other, other_entry = place(target[len("alibi/"):])
+            if other is None:
+                bad.append(f"{name} includes {target}: in no layer")
+            elif other > own:
+                bad.append(f"{name} ({LAYERS[own][0]}) includes {target} ({LAYERS[other][0]})")
+            elif (other == own and own_entry != other_entry and own_entry in SIBLINGS
+                  and other_entry in SIBLINGS):
+                bad.append(f"{name} includes {target}: sibling folders of one layer")
     for line in bad:
         print(line)
     print(f"include layering: {len(bad)} problem(s)")

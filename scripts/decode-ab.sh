@@ -36,7 +36,7 @@ for side in a b; do
   else
     git -C "$root" archive "$rev" include | tar -x -C "$work/$side"
   fi
-  config="$work/$side/include/alibi/config.hpp"
+  config="$work/$side/include/alibi/core/config.hpp"
   sed -i "s/^#define ALIBI_CPU_ISA ALIBI_CPU_ISA_BASE\$/#define ALIBI_CPU_ISA isa_ab_$side/" "$config"
   if ! grep -q "isa_ab_$side" "$config"; then
     echo "error: $rev: config.hpp has no '#define ALIBI_CPU_ISA ALIBI_CPU_ISA_BASE' line to rename" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what alibi needs to build, test and benchmark on Debian/Ubuntu, only where missing.
 set -euo pipefail
-packages=(cmake ninja-build g++ clang libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev doxygen pkg-config
+packages=(cmake ninja-build ccache g++ clang libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev doxygen pkg-config
   libopenmpi-dev openmpi-bin)
 [ "${ALIBI_WITH_PLOTS:-0}" = 1 ] && packages+=(python3-matplotlib)
 [ "${ALIBI_WITH_TORCH:-0}" = 1 ] && packages+=(python3-torch libopenblas0-pthread)

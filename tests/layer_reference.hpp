@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <alibi/layers.hpp>
-#include <alibi/slopes.hpp>
+#include <alibi/core/slopes.hpp>
 
 namespace alibi_test {
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include <alibi/alibi.hpp>
-#include <alibi/layers/checkpoint.hpp>
+#include <alibi/models/checkpoint.hpp>
 #include <alibi/mpi.hpp>
 
 #include "layer_reference.hpp"

@@ -14,7 +14,7 @@
 
 #include <alibi/alibi.hpp>
 
-#include <alibi/backend/eigen/parallel.hpp>
+#include <alibi/backend/host/parallel.hpp>
 #include "call_fixture.hpp"
 
 using alibi::index_t;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The Eigen adapters (<alibi/eigen.hpp>) as an Eigen user calls them: TensorMaps, Eigen's
+// The Eigen adapters (<alibi/interop/eigen.hpp>) as an Eigen user calls them: TensorMaps, Eigen's
 // default column-major tensors, token-per-row matrices for view_bshd, and Eigen maps of
 // attention outputs in the (batch, seq, heads, dim) layout.
 #include <catch2/catch.hpp>
@@ -12,7 +12,7 @@
 #include <alibi/attention.hpp>
 #include <alibi/backend/eigen/attention.hpp>
 #include <alibi/backend/reference/attention.hpp>
-#include <alibi/eigen.hpp>
+#include <alibi/interop/eigen.hpp>
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include <alibi/alibi.hpp>
-#include <alibi/layers/checkpoint.hpp>
+#include <alibi/models/checkpoint.hpp>
 
 #include "layer_reference.hpp"
 

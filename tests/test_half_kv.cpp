@@ -9,7 +9,7 @@
 #include <vector>
 
 #include <Eigen/Core>
-#include <alibi/backend/eigen/small_rows.hpp>
+#include <alibi/backend/host/small_rows.hpp>
 #include <catch2/catch.hpp>
 
 #include "backends.hpp"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// K in blocks (alibi/key_blocks.hpp): the eigen backend against the double-precision oracle
+// K in blocks (alibi/core/key_blocks.hpp): the eigen backend against the double-precision oracle
 // on the shared grid (fp32, fp16 and bf16 storage), the reference reading blocks exactly,
 // thread-count independence, the GQA grouping of small calls, and the argument checks.
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <Eigen/Core>
-#include <alibi/backend/eigen/small_rows.hpp>
+#include <alibi/backend/host/small_rows.hpp>
 #include <catch2/catch.hpp>
 
 #include "backends.hpp"

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include <alibi/alibi.hpp>
-#include <alibi/layers/checkpoint.hpp>
-#include <alibi/safetensors.hpp>
+#include <alibi/models/checkpoint.hpp>
+#include <alibi/io/safetensors.hpp>
 
 #include "call_fixture.hpp"
 

@@ -7,7 +7,7 @@
 
 #include <catch2/catch.hpp>
 
-#include <alibi/slopes.hpp>
+#include <alibi/core/slopes.hpp>
 
 namespace {
 

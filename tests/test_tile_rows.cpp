@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The host/device tile arithmetic of the CUDA kernel, run on the CPU: per-tile distances
 // and allowed columns against alibi_bias and key_range, the shared base-2 online softmax
-// state (alibi/detail/online_softmax.hpp) as the kernels use it (tiles, key-warp and split
+// state (alibi/numerics/online_softmax.hpp) as the kernels use it (tiles, key-warp and split
 // merges, masked and NaN rows) against a direct softmax, and the tensor-core fragment
 // layouts against an emulation of ldmatrix and mma.sync built from the PTX fragment
 // definitions.
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <alibi/backend/cuda/mma_layout.hpp>
-#include <alibi/detail/score_tile.hpp>
+#include <alibi/numerics/score_tile.hpp>
 #include <catch2/catch.hpp>
 
 using alibi::index_t;

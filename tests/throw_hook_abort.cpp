@@ -17,7 +17,7 @@ int hook_calls = 0;
 // The hook of a build without exceptions that (wrongly) returns.
 #define ALIBI_THROW(e) (static_cast<void>(e), static_cast<void>(++hook_calls))
 
-#include <alibi/slopes.hpp>
+#include <alibi/core/slopes.hpp>
 
 int main() {
   const pid_t pid = fork();

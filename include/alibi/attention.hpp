@@ -11,12 +11,12 @@
 #include <type_traits>
 #include <utility>
 
-#include "alibi/backend/fwd.hpp"
-#include "alibi/config.hpp"
-#include "alibi/error.hpp"
-#include "alibi/key_blocks.hpp"
-#include "alibi/problem.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/backends.hpp"
+#include "alibi/core/config.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/core/key_blocks.hpp"
+#include "alibi/core/problem.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 
@@ -395,7 +395,7 @@ status prepare(const Backend& backend, const tensor_view<TQ, 4>& q,
                attention_problem& prob,
                attention_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>, TO, Isa>& t) {
   static_assert(reads_host_memory<Backend>,
-                "alibi::attention: keys in blocks (alibi/key_blocks.hpp) are read by the CPU "
+                "alibi::attention: keys in blocks (alibi/core/key_blocks.hpp) are read by the CPU "
                 "backends (eigen, reference); pass K as a (batch, kv_heads, k_len, head_dim) view");
   const char* fn = "alibi::attention";
   if (status s = check_view(fn, "k", k_blocks); !s) return s;
@@ -441,7 +441,7 @@ status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<T
 /// invalid arguments (the message names the argument and what was expected).
 ///
 /// k is a (batch, kv_heads, k_len, head_dim) view, or, on the CPU backends, K in blocks of
-/// keys_per_block keys (alibi/key_blocks.hpp): a (batch, kv_heads, ceil(k_len / 16),
+/// keys_per_block keys (alibi/core/key_blocks.hpp): a (batch, kv_heads, ceil(k_len / 16),
 /// head_dim, 16) view, each block a contiguous row-major (head_dim, 16) matrix, k_len taken
 /// from v. With blocks the contract and results are those of K as rows, under the tolerance
 /// rule (the eigen backend's decode products sum each score in another order); the eigen

@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "alibi/attention.hpp"
-#include "alibi/detail/online_softmax.hpp"
+#include "alibi/numerics/online_softmax.hpp"
 
 namespace alibi {
 namespace detail {

@@ -29,11 +29,11 @@
 #include <vector>
 
 #include "alibi/attention.hpp"
-#include "alibi/detail/far_tiles.hpp"
-#include "alibi/error.hpp"
+#include "alibi/core/error.hpp"
 #include "alibi/layers/multi_head_attention.hpp"
 #include "alibi/layers/transformer_layer.hpp"
 #include "alibi/merge.hpp"
+#include "alibi/numerics/far_tiles.hpp"
 
 namespace alibi {
 namespace mpi {
@@ -824,8 +824,8 @@ void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const flo
     }
     return false;
   };
-  const bool skipping =
-      options.skip_far_chunks && params.skip_far_tiles && params.slopes.enabled && P * nseg > 1;
+  const bool skipping = alibi::detail::far_tile_skipping_applies(
+      options.skip_far_chunks && params.skip_far_tiles, params.slopes.enabled, P * nseg);
 
   // K/V parts travel as contiguous (batch, kv_heads, rows, dim) buffers in host memory; for
   // each direction two of each, the one in hand and the one arriving (the own part is

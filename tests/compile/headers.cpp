@@ -31,7 +31,7 @@ void attention_calls(const std::vector<float>& q, std::vector<float>& out,
                    alibi::view_bshd(out.data(), 1, 4, 2, 8), params);
   alibi::attention(alibi::backend::reference{}, qv, k16, k16,
                    alibi::view_bshd(ref.data(), 1, 4, 2, 8), params);
-  // K in blocks (alibi/key_blocks.hpp), written from rows.
+  // K in blocks (alibi/core/key_blocks.hpp), written from rows.
   std::vector<Eigen::half> blocks(static_cast<std::size_t>(4 * 16 * 8));
   const auto kblk = alibi::make_key_blocks(blocks.data(), 1, 4, 2, 8);
   alibi::store_key_blocks(alibi::tensor_view<const float, 4>(qv), kblk);

@@ -21,7 +21,7 @@ int main() {
 #ifdef ALIBI_CONSUMER_EXPECT_VERSION
   // The version the package was found with (CMake's alibi_VERSION).
   if (std::strcmp(ALIBI_VERSION_STRING, ALIBI_CONSUMER_EXPECT_VERSION) != 0) {
-    std::printf("alibi/version.hpp says %s, the package says %s\n", ALIBI_VERSION_STRING,
+    std::printf("alibi/core/version.hpp says %s, the package says %s\n", ALIBI_VERSION_STRING,
                 ALIBI_CONSUMER_EXPECT_VERSION);
     return 1;
   }

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "alibi/attention.hpp"
-#include "alibi/detail/online_softmax.hpp"
-#include "alibi/error.hpp"
-#include "alibi/layers/ops.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/layer_ops.hpp"
+#include "alibi/numerics/online_softmax.hpp"
 
 namespace alibi {
 

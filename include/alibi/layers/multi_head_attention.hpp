@@ -10,8 +10,8 @@
 
 #include "alibi/attention.hpp"
 #include "alibi/attention_backward.hpp"
+#include "alibi/layer_ops.hpp"
 #include "alibi/layers/kv_cache.hpp"
-#include "alibi/layers/ops.hpp"
 #include "alibi/layers/training.hpp"
 
 namespace alibi {

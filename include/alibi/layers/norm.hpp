@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "alibi/layers/families.hpp"
-#include "alibi/layers/ops.hpp"
+#include "alibi/layer_config.hpp"
+#include "alibi/layer_ops.hpp"
 
 namespace alibi {
 

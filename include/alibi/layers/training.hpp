@@ -8,9 +8,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "alibi/error.hpp"
-#include "alibi/layers/config.hpp"
-#include "alibi/layers/ops.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/layer_config.hpp"
+#include "alibi/layer_ops.hpp"
 
 namespace alibi {
 

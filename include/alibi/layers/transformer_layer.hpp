@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "alibi/layer_ops.hpp"
 #include "alibi/layers/multi_head_attention.hpp"
-#include "alibi/layers/ops.hpp"
 #include "alibi/layers/training.hpp"
 
 namespace alibi {

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include <Eigen/Core>
-#include <alibi/slopes.hpp>
-#include <alibi/version.hpp>
+#include <alibi/core/slopes.hpp>
+#include <alibi/core/version.hpp>
 
 int main() {
   // 8 heads, max_bias 8: the paper's slopes are 2^-1, 2^-2, ..., 2^-8.

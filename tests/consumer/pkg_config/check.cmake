@@ -2,7 +2,7 @@
 #   cmake -DPKG_CONFIG=<pkg-config> -DCXX=<compiler> -DPREFIX=<install prefix>
 #         -DEXPECT_VERSION=<version> -DSOURCE=<pkg_config.cpp> -P check.cmake
 # pkg-config must find the package under PREFIX, report the version, and its --cflags must be
-# enough to compile a file that includes <alibi/version.hpp> (from PREFIX) and <Eigen/Core>.
+# enough to compile a file that includes <alibi/core/version.hpp> (from PREFIX) and <Eigen/Core>.
 foreach(var IN ITEMS PKG_CONFIG CXX PREFIX EXPECT_VERSION SOURCE)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "check.cmake: -D${var}=... is required")

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <vector>
 
-#include <alibi/safetensors.hpp>
+#include <alibi/io/safetensors.hpp>
 
 int main() {
   alibi::safetensors_writer w;

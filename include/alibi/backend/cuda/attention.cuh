@@ -294,8 +294,8 @@ inline attention_problem gate_skipping(const backend::cuda& be, attention_proble
 template <class T, int D, class Tuning = kernel_tuning<>>
 void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
             tensor_view<const T, 4> v, tensor_view<T, 4> out, cudaStream_t stream) {
-  // Far-tile skipping as on the CPU: with ALiBi on and more than one block of key norms.
-  const bool skip = p.skip_far_tiles && p.slopes.enabled && p.k_len > key_norm_block;
+  // Far-tile skipping as on the CPU, over blocks of key norms.
+  const bool skip = p.skips_far_tiles((p.k_len + key_norm_block - 1) / key_norm_block);
   auto run = [&](auto decode) {
     constexpr bool Decode = decltype(decode)::value;
     if (skip)

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "alibi/config.hpp"
+#include "alibi/core/config.hpp"
 
 namespace alibi {
 

@@ -22,9 +22,9 @@
 #include "alibi/attention.hpp"
 #include "alibi/backend/cuda/mma_layout.hpp"
 #include "alibi/backend/cuda/primitives.cuh"
-#include "alibi/detail/far_tiles.hpp"
-#include "alibi/detail/online_softmax.hpp"
-#include "alibi/detail/score_tile.hpp"
+#include "alibi/numerics/far_tiles.hpp"
+#include "alibi/numerics/online_softmax.hpp"
+#include "alibi/numerics/score_tile.hpp"
 
 namespace alibi {
 namespace cuda_detail {

@@ -18,7 +18,7 @@
 #include "alibi/backend/cuda/attention.cuh"
 #include "alibi/backend/cuda/error.cuh"
 #include "alibi/backend/cuda/primitives.cuh"
-#include "alibi/layers/ops.hpp"
+#include "alibi/layer_ops.hpp"
 
 namespace alibi {
 namespace cuda_detail {

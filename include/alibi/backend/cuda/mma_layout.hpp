@@ -6,7 +6,7 @@
 // products are the right ones.
 #pragma once
 
-#include "alibi/config.hpp"
+#include "alibi/core/config.hpp"
 
 namespace alibi {
 namespace detail {

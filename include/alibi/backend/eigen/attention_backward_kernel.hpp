@@ -402,7 +402,7 @@ inline void run_backward(int threads, const attention_problem& p,
   in.dk = t.dk;
   in.dv = t.dv;
   in.grid = grid;
-  in.skipping = p.skip_far_tiles && p.slopes.enabled && grid > 1;
+  in.skipping = p.skips_far_tiles(grid);
   if (in.skipping) {
     qnorm_buf.reserve(static_cast<std::size_t>(rows));
     prefix_buf.reserve(static_cast<std::size_t>(pairs * grid));

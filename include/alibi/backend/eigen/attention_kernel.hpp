@@ -17,13 +17,13 @@
 
 #include "alibi/backend/eigen/attention.hpp"
 #include "alibi/backend/eigen/kv_tiles.hpp"
-#include "alibi/backend/eigen/parallel.hpp"
-#include "alibi/backend/eigen/simd.hpp"
-#include "alibi/backend/eigen/small_rows.hpp"
-#include "alibi/backend/eigen/workspace.hpp"
-#include "alibi/detail/far_tiles.hpp"
-#include "alibi/detail/online_softmax.hpp"
+#include "alibi/backend/host/parallel.hpp"
+#include "alibi/backend/host/simd.hpp"
+#include "alibi/backend/host/small_rows.hpp"
+#include "alibi/backend/host/workspace.hpp"
 #include "alibi/merge.hpp"
+#include "alibi/numerics/far_tiles.hpp"
+#include "alibi/numerics/online_softmax.hpp"
 
 namespace alibi {
 namespace detail {
@@ -992,7 +992,7 @@ void run(int threads, const attention_problem& p, const tensor_view<const float,
   if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;
   const int nthreads = resolve_threads(threads);
   const index_t grid = (p.k_len + kernel_config::block_k - 1) / kernel_config::block_k;
-  const bool skipping = p.skip_far_tiles && p.slopes.enabled && grid > 1;
+  const bool skipping = p.skips_far_tiles(grid);
   const work_plan plan = work_plan::make(p, kv_memory::of(kv), skipping);
 
   // The calling thread's buffers, named by reference: a thread_local named inside the

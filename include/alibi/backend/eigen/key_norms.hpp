@@ -10,9 +10,9 @@
 
 #include "alibi/backend/eigen/attention.hpp"
 #include "alibi/backend/eigen/kv_tiles.hpp"
-#include "alibi/error.hpp"
-#include "alibi/problem.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/core/problem.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 

@@ -14,12 +14,12 @@
 
 #include <Eigen/Core>
 
-#include "alibi/backend/eigen/simd.hpp"
-#include "alibi/backend/eigen/workspace.hpp"
-#include "alibi/config.hpp"
-#include "alibi/detail/far_tiles.hpp"
-#include "alibi/key_blocks.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/backend/host/simd.hpp"
+#include "alibi/backend/host/workspace.hpp"
+#include "alibi/core/config.hpp"
+#include "alibi/core/key_blocks.hpp"
+#include "alibi/core/tensor_view.hpp"
+#include "alibi/numerics/far_tiles.hpp"
 
 namespace alibi {
 namespace detail {

@@ -6,7 +6,7 @@
 // undefined symbols at link time.
 #pragma once
 
-#include "alibi/config.hpp"
+#include "alibi/core/config.hpp"
 
 #ifndef ALIBI_PRECOMPILED_ISA
 #error \

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "alibi/attention.hpp"
-#include "alibi/detail/eigen_fwd.hpp"
+#include "alibi/core/half_types.hpp"
 #include "alibi/merge.hpp"
 
 namespace alibi {

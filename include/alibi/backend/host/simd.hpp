@@ -20,9 +20,9 @@
 
 #include <Eigen/Core>
 
-#include "alibi/bias.hpp"
-#include "alibi/detail/online_softmax.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/bias.hpp"
+#include "alibi/core/tensor_view.hpp"
+#include "alibi/numerics/online_softmax.hpp"
 
 namespace alibi {
 namespace detail {

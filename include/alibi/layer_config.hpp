@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "alibi/attention.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 
@@ -158,6 +158,14 @@ inline layer_config tensor_parallel_shard(const layer_config& full,
 struct parameter_info {
   std::string name;
   std::vector<index_t> shape;
+};
+
+/// A norm module's settings (norm_layer): the final norm of a model, BLOOM's embedding norm.
+struct norm_config {
+  index_t dim = 0;
+  norm_type kind = norm_type::layer_norm;
+  bool bias = true;  // LayerNorm only
+  float eps = 1e-5f;
 };
 
 }  // namespace alibi

@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: MIT
 // The ALiBi model families (BLOOM, MPT, Baichuan-13B, Falcon-RW): the layer settings of each
 // and the names its Hugging Face checkpoints give to one layer's tensors. Loading them:
-// load_family_layer() in <alibi/layers/checkpoint.hpp>.
+// load_family_layer() in <alibi/models/checkpoint.hpp>.
 #pragma once
 
 #include <cmath>
 #include <string>
 
-#include "alibi/error.hpp"
-#include "alibi/layers/config.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/layer_config.hpp"
 
 namespace alibi {
 
@@ -37,14 +37,6 @@ struct checkpoint_names {
   std::string up;       // the FFN's first projection (ffn.0)
   std::string gate;     // the gated FFN's gate projection (ffn.gate)
   std::string down;     // the FFN's last projection (ffn.2)
-};
-
-/// A norm module's settings (norm_layer): the final norm of a model, BLOOM's embedding norm.
-struct norm_config {
-  index_t dim = 0;
-  norm_type kind = norm_type::layer_norm;
-  bool bias = true;  // LayerNorm only
-  float eps = 1e-5f;
 };
 
 /// An ALiBi model family with one model's sizes: the settings of its decoder layers

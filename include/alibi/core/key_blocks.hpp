@@ -9,8 +9,8 @@
 
 #include <string>
 
-#include "alibi/error.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "alibi/config.hpp"
+#include "alibi/core/config.hpp"
 
 namespace alibi {
 namespace detail {

@@ -12,7 +12,7 @@
 #include <unsupported/Eigen/CXX11/Tensor>
 
 #include "alibi/bias_matrix.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 

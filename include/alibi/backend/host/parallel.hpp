@@ -16,7 +16,7 @@
 
 #include <unsupported/Eigen/CXX11/ThreadPool>
 
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 namespace detail {

@@ -2,7 +2,7 @@
 // The per-row and per-tile arithmetic of the tiled kernels, as host/device functions: which
 // keys a row may see, and its ALiBi distances relative to a key tile in floats (the bias
 // and mask math of every tile). The online softmax itself is the shared state of
-// alibi/detail/online_softmax.hpp. The CUDA kernels run these functions on the device; the
+// alibi/numerics/online_softmax.hpp. The CUDA kernels run these functions on the device; the
 // unit tests run the same functions on the CPU against alibi_bias and the problem's own
 // key_range.
 #pragma once
@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "alibi/problem.hpp"
-#include "alibi/config.hpp"
-#include "alibi/detail/online_softmax.hpp"
+#include "alibi/core/config.hpp"
+#include "alibi/core/problem.hpp"
+#include "alibi/numerics/online_softmax.hpp"
 
 namespace alibi {
 namespace detail {
@@ -113,7 +113,6 @@ ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float score_l2(float dot, float scale_l2, fl
                                                    float distance) {
   return fmaf(dot, scale_l2, neg_slope_l2 * distance);
 }
-
 
 }  // namespace detail
 }  // namespace alibi

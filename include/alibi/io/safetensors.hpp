@@ -31,9 +31,9 @@
 #include <unistd.h>
 #endif
 
-#include "alibi/config.hpp"
-#include "alibi/error.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/config.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 namespace detail {

@@ -17,9 +17,9 @@
 
 #include <Eigen/Core>
 
-#include "alibi/backend/eigen/simd.hpp"
-#include "alibi/key_blocks.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/backend/host/simd.hpp"
+#include "alibi/core/key_blocks.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 namespace detail {

@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "alibi/error.hpp"
-#include "alibi/layers/config.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/core/tensor_view.hpp"
+#include "alibi/layer_config.hpp"
 
 namespace alibi {
 

@@ -7,9 +7,9 @@
 
 #include <cmath>
 
-#include "alibi/config.hpp"
-#include "alibi/detail/online_softmax.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/config.hpp"
+#include "alibi/core/tensor_view.hpp"
+#include "alibi/numerics/online_softmax.hpp"
 
 namespace alibi {
 namespace detail {

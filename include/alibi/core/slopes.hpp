@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "alibi/config.hpp"
-#include "alibi/error.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/config.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 

@@ -7,10 +7,10 @@
 
 #include <optional>
 
-#include "alibi/bias.hpp"
-#include "alibi/config.hpp"
-#include "alibi/slopes.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/bias.hpp"
+#include "alibi/core/config.hpp"
+#include "alibi/core/slopes.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 
@@ -77,6 +77,14 @@ namespace detail {
 
 /// The resolved problem: sizes, defaults applied, and the per-(batch, head, row) questions
 /// every backend asks, answered by one piece of code. Trivially copyable (a kernel argument).
+/// Whether far-tile skipping applies to a call: asked for, ALiBi on (without a bias no tile is
+/// far), and more than one key tile (a lone tile holds every key a row can keep). The one
+/// predicate behind the CPU forward and backward, the CUDA kernels and MPI's far chunks.
+ALIBI_HOST_DEVICE constexpr bool far_tile_skipping_applies(bool requested, bool slopes_enabled,
+                                                           index_t key_tiles) {
+  return requested && slopes_enabled && key_tiles > 1;
+}
+
 struct attention_problem {
   index_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, k_len = 0, head_dim = 0, v_head_dim = 0;
   float scale = 1.0f;
@@ -88,6 +96,11 @@ struct attention_problem {
   bool skip_far_tiles = true;
   attention_stats* stats = nullptr;
   tensor_view<const float, 3> key_norm_bounds{};
+
+  /// far_tile_skipping_applies for this problem cut into key_tiles tiles of keys.
+  ALIBI_HOST_DEVICE constexpr bool skips_far_tiles(index_t key_tiles) const {
+    return far_tile_skipping_applies(skip_far_tiles, slopes.enabled, key_tiles);
+  }
 
   /// Valid query rows / keys of batch entry b, clamped to [0, q_len] / [0, k_len]. Why:
   /// on the host make_problem refuses out-of-range lengths (it checks the raw values), but

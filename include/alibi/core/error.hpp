@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "alibi/config.hpp"
+#include "alibi/core/config.hpp"
 
 namespace alibi {
 

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "alibi/config.hpp"
-#include "alibi/tensor_view.hpp"
+#include "alibi/core/config.hpp"
+#include "alibi/core/tensor_view.hpp"
 
 namespace alibi {
 

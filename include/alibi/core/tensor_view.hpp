@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "alibi/config.hpp"
+#include "alibi/core/config.hpp"
 
 namespace alibi {
 

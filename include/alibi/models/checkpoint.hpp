@@ -13,11 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "alibi/error.hpp"
-#include "alibi/layers/families.hpp"
-#include "alibi/layers/ops.hpp"
+#include "alibi/core/error.hpp"
+#include "alibi/io/safetensors.hpp"
+#include "alibi/layer_ops.hpp"
 #include "alibi/layers/transformer_layer.hpp"
-#include "alibi/safetensors.hpp"
+#include "alibi/models/families.hpp"
 
 namespace alibi {
 
