@@ -16,28 +16,11 @@ namespace detail {
 namespace cpu {
 inline namespace ALIBI_CPU_ISA {
 
-template void attention_kernel<float>(int, const attention_problem&,
-                                      const tensor_view<const float, 4>&,
-                                      const tensor_view<const float, 4>&,
-                                      const tensor_view<const float, 4>&,
-                                      const tensor_view<float, 4>&,
-                                      const tensor_view<const float, 5>&);
-template void attention_kernel<Eigen::half>(int, const attention_problem&,
-                                            const tensor_view<const float, 4>&,
-                                            const tensor_view<const Eigen::half, 4>&,
-                                            const tensor_view<const Eigen::half, 4>&,
-                                            const tensor_view<float, 4>&,
-                                            const tensor_view<const Eigen::half, 5>&);
-template void attention_kernel<Eigen::bfloat16>(int, const attention_problem&,
-                                                const tensor_view<const float, 4>&,
-                                                const tensor_view<const Eigen::bfloat16, 4>&,
-                                                const tensor_view<const Eigen::bfloat16, 4>&,
-                                                const tensor_view<float, 4>&,
-                                                const tensor_view<const Eigen::bfloat16, 5>&);
-template void merge_kernel<float>(int, const partial_merge_args<float>&);
-template void merge_kernel<double>(int, const partial_merge_args<double>&);
-template void backward_kernel<float>(int, const attention_problem&,
-                                     const attention_backward_tensors<float, float, float, float>&);
+#define ALIBI_EIGEN_FORWARD_INSTANCE(...) template __VA_ARGS__;
+#define ALIBI_EIGEN_BACKWARD_INSTANCE(...) template __VA_ARGS__;
+#include "alibi/backend/eigen/instances.inc"
+#undef ALIBI_EIGEN_FORWARD_INSTANCE
+#undef ALIBI_EIGEN_BACKWARD_INSTANCE
 
 }  // namespace ALIBI_CPU_ISA
 }  // namespace cpu

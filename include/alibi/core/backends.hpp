@@ -38,9 +38,10 @@ struct eigen {
 ///
 /// Far-tile skipping (attention_params::skip_far_tiles) is opt-in on this backend: it
 /// engages only with far_tile_skipping set, and then only for calls with at least
-/// skip_min_keys keys. Why: the device code that skips passed the GPU tests on an H200 in an
-/// earlier form, which was faster than the dense kernel from 16384 keys on and slower below;
-/// the committed form (cheaper side tests, coalesced key norms) has not run on a GPU yet.
+/// skip_min_keys keys. Why: in an earlier form, the device code that skips passed the GPU
+/// tests and was faster than the dense kernel only from about skip_min_keys keys on; the
+/// committed form (cheaper side tests, coalesced key norms) has not run on a GPU yet
+/// (docs/journal/2026-12-design-measurements.md, "core/backends.hpp: cuda::skip_min_keys").
 /// See the README's CUDA section.
 struct cuda {
   using memory_space = device_space;

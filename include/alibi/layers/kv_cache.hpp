@@ -22,13 +22,11 @@ class multi_head_attention;
 /// tokens' keys and values at positions length(b).. and attends over the whole sequence.
 ///
 /// Why heads outermost: a decode step streams each KV head's keys and values, and with them
-/// one contiguous run per head the CPU kernel read them 1.8-5.2x faster than with the tokens
-/// outermost (each head's rows a whole token apart) when it read such memory one KV head at
-/// a time. Since it reads the rows of all KV heads of a block of keys together, the two
-/// layouts measure within 0.91-1.19x of each other at 32768 keys, and the heads outermost is
-/// up to 1.36x faster at 4096 (this project's Zen 5 guest, q_len 1, 32 query heads, D 128,
-/// each step from memory; docs/decode-history.md, thirteenth to fifteenth and seventeenth
-/// sessions).
+/// one contiguous run per head the CPU kernel read them several times faster than with the
+/// tokens outermost (each head's rows a whole token apart) when it read such memory one KV
+/// head at a time. Since it reads the rows of all KV heads of a block of keys together, the
+/// two layouts are close on long sequences, and the heads outermost stays ahead on shorter
+/// ones (docs/journal/2026-12-design-measurements.md, "layers/kv_cache.hpp: kv_cache").
 ///
 /// S is the storage type, T by default. On the CPU backends a layer of float T may keep its
 /// cache in Eigen::half or Eigen::bfloat16: half the memory, and half the bytes a decode

@@ -24,12 +24,13 @@ inline constexpr float ln2_f = 0.693147180559945309f;
 /// Below this base-2 argument exponentials are flushed to exactly 0 (2^-86 = 1.3e-26).
 /// Why: on x86 every denormal operand or result costs a microcode assist. Below -126 2^x is
 /// itself denormal, and weights just above that still make denormals downstream, in the
-/// products p * v of the P V GEMM and in accumulators rescaled by such a factor (measured:
-/// 2x on the steepest ALiBi heads, whose far scores sit at -86..-126 relative to the row
-/// maximum). Flushing below -86 keeps p * v normal for any |v| > 1e-11. The dropped weights
-/// are < 1.3e-26 each relative to the row maximum's weight of 1: even 2^40 of them change
-/// the row sum by < 2e-14, far below fp32 resolution. No FTZ/DAZ change to the caller's
-/// floating-point environment is needed.
+/// products p * v of the P V GEMM and in accumulators rescaled by such a factor, which slowed
+/// the steepest ALiBi heads, whose far scores sit at -86..-126 relative to the row maximum
+/// (docs/journal/2026-12-design-measurements.md,
+/// "numerics/online_softmax.hpp: exp2_flush_threshold"). Flushing below -86 keeps p * v
+/// normal for any |v| > 1e-11. The dropped weights are < 1.3e-26 each relative to the row
+/// maximum's weight of 1: even 2^40 of them change the row sum by < 2e-14, far below fp32
+/// resolution. No FTZ/DAZ change to the caller's floating-point environment is needed.
 inline constexpr float exp2_flush_threshold = -86.0f;
 
 ALIBI_HOST_DEVICE ALIBI_FORCEINLINE float bits_to_float(std::int32_t i) {

@@ -80,24 +80,11 @@ namespace detail {
 namespace cpu {
 inline namespace ALIBI_CPU_ISA {
 // Compiled in alibi::kernels (src/eigen_kernels.cpp), never here.
-extern template void attention_kernel<float>(int, const attention_problem&,
-                                             const tensor_view<const float, 4>&,
-                                             const tensor_view<const float, 4>&,
-                                             const tensor_view<const float, 4>&,
-                                             const tensor_view<float, 4>&,
-                                             const tensor_view<const float, 5>&);
-extern template void attention_kernel<Eigen::half>(int, const attention_problem&,
-                                                   const tensor_view<const float, 4>&,
-                                                   const tensor_view<const Eigen::half, 4>&,
-                                                   const tensor_view<const Eigen::half, 4>&,
-                                                   const tensor_view<float, 4>&,
-                                                   const tensor_view<const Eigen::half, 5>&);
-extern template void attention_kernel<Eigen::bfloat16>(
-    int, const attention_problem&, const tensor_view<const float, 4>&,
-    const tensor_view<const Eigen::bfloat16, 4>&, const tensor_view<const Eigen::bfloat16, 4>&,
-    const tensor_view<float, 4>&, const tensor_view<const Eigen::bfloat16, 5>&);
-extern template void merge_kernel<float>(int, const partial_merge_args<float>&);
-extern template void merge_kernel<double>(int, const partial_merge_args<double>&);
+#define ALIBI_EIGEN_FORWARD_INSTANCE(...) extern template __VA_ARGS__;
+#define ALIBI_EIGEN_BACKWARD_INSTANCE(...)
+#include "alibi/backend/eigen/instances.inc"
+#undef ALIBI_EIGEN_FORWARD_INSTANCE
+#undef ALIBI_EIGEN_BACKWARD_INSTANCE
 }  // namespace ALIBI_CPU_ISA
 }  // namespace cpu
 }  // namespace detail

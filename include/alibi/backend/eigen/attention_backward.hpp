@@ -61,8 +61,11 @@ namespace detail {
 namespace cpu {
 inline namespace ALIBI_CPU_ISA {
 // Compiled in alibi::kernels (src/eigen_kernels.cpp), never here.
-extern template void backward_kernel<float>(
-    int, const attention_problem&, const attention_backward_tensors<float, float, float, float>&);
+#define ALIBI_EIGEN_FORWARD_INSTANCE(...)
+#define ALIBI_EIGEN_BACKWARD_INSTANCE(...) extern template __VA_ARGS__;
+#include "alibi/backend/eigen/instances.inc"
+#undef ALIBI_EIGEN_FORWARD_INSTANCE
+#undef ALIBI_EIGEN_BACKWARD_INSTANCE
 }  // namespace ALIBI_CPU_ISA
 }  // namespace cpu
 }  // namespace detail

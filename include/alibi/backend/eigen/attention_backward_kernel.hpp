@@ -23,7 +23,8 @@
 #include <Eigen/Core>
 
 #include "alibi/backend/eigen/attention_backward.hpp"
-#include "alibi/backend/eigen/attention_kernel.hpp"
+#include "alibi/backend/eigen/key_norm_pass.hpp"
+#include "alibi/backend/eigen/score_tile.hpp"
 
 namespace alibi {
 namespace detail {

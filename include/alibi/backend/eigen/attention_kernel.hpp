@@ -16,7 +16,10 @@
 #include <Eigen/Core>
 
 #include "alibi/backend/eigen/attention.hpp"
+#include "alibi/backend/eigen/key_norm_pass.hpp"
 #include "alibi/backend/eigen/kv_tiles.hpp"
+#include "alibi/backend/eigen/score_tile.hpp"
+#include "alibi/backend/eigen/work_plan.hpp"
 #include "alibi/backend/host/parallel.hpp"
 #include "alibi/backend/host/simd.hpp"
 #include "alibi/backend/host/small_rows.hpp"
@@ -28,232 +31,7 @@
 namespace alibi {
 namespace detail {
 namespace cpu {
-
-inline workspace& thread_workspace() {
-  thread_local workspace w;
-  return w;
-}
-
-/// Adds one work item's counts to the caller's counters.
-inline void add_stats(attention_stats* stats, index_t computed, index_t skipped) {
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  stats->tiles_computed += computed;
-  stats->tiles_skipped += skipped;
-}
-
 inline namespace ALIBI_CPU_ISA {
-
-using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using col_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
-using const_rows_map = Eigen::Map<const row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
-using rows_map = Eigen::Map<row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
-using cols_map = Eigen::Map<col_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
-
-/// Whether every element of a (rows, cols) block with row stride ld is finite. x * 0 is 0
-/// for finite x and NaN for Inf/NaN; 16 independent lanes let the compiler vectorize it.
-inline bool all_finite(const float* data, index_t ld, index_t rows, index_t cols) {
-  float acc[16] = {};
-  for (index_t r = 0; r < rows; ++r) {
-    const float* row = data + r * ld;
-    index_t c = 0;
-    for (; c + 16 <= cols; c += 16)
-      for (int t = 0; t < 16; ++t) acc[t] += row[c + t] * 0.0f;
-    for (; c < cols; ++c) acc[0] += row[c] * 0.0f;
-  }
-  float total = 0.0f;
-  for (float a : acc) total += a;
-  return total == 0.0f;
-}
-
-/// Upper bounds on key norms for the far-tile bound: for one (batch, kv head), over the key
-/// grid tiles [t * block_k, (t + 1) * block_k), prefix[t] = max |k_j| for j < (t + 1) *
-/// block_k and suffix[t] = max |k_j| for j >= t * block_k. Null when skipping is off.
-struct key_norms {
-  const float* prefix = nullptr;
-  const float* suffix = nullptr;
-};
-
-/// One work item: query rows [i0, i0 + n) of head h of batch entry b (all within the
-/// entry's query length) against the keys [kb, ke), with the per-row state in the thread's
-/// workspace.
-struct item_rows {
-  const attention_problem* p = nullptr;
-  index_t b = 0, h = 0, hk = 0, i0 = 0, n = 0;
-  index_t qo = 0, ko = 0;  // positions of query row 0 and of key 0
-  index_t ub = 0, ue = 0;  // union of the rows' key ranges within [kb, ke)
-  float slope = 0.0f;
-  float scale2 = 0.0f, slope2 = 0.0f, neg_slope2 = 0.0f;  // scale, slope, -slope in base 2
-};
-
-/// Resolves each row's allowed keys within [kb, ke), its distance shift, and resets its
-/// softmax state.
-inline item_rows prepare_rows(const attention_problem& p, index_t b, index_t h, index_t i0,
-                              index_t n, index_t kb, index_t ke, workspace& ws) {
-  item_rows it;
-  it.p = &p;
-  it.b = b;
-  it.h = h;
-  it.hk = p.kv_head(h);
-  it.i0 = i0;
-  it.n = n;
-  it.qo = p.q_offset(b);
-  it.ko = p.k_offset(b);
-  it.slope = p.slope(b, h);
-  it.scale2 = p.scale * log2e_f;
-  it.slope2 = it.slope * log2e_f;
-  it.neg_slope2 = -it.slope2;
-  it.ub = ke;
-  it.ue = kb;
-  for (index_t r = 0; r < n; ++r) {
-    const index_range kr = p.key_range(b, i0 + r);
-    // Positional key ranges are monotone in the row (both ends non-decreasing), which makes
-    // the valid rows of every key column contiguous.
-    ws.begin[r] = std::clamp(kr.begin, kb, ke);
-    ws.end[r] = std::clamp(kr.end, ws.begin[r], ke);
-    ws.shift[r] = p.distance_shift(b, i0 + r);
-    ws.shift_f[r] = static_cast<float>(ws.shift[r]);
-    ws.state[r] = softmax_state{};
-    if (ws.begin[r] < ws.end[r]) {
-      it.ub = std::min(it.ub, ws.begin[r]);
-      it.ue = std::max(it.ue, ws.end[r]);
-    }
-  }
-  return it;
-}
-
-/// Where a tile's scores are: local rows [ra, ra + m) of the item against keys
-/// [j0, j0 + bk), in ws.s with leading dimension lds; row-major when the tile has fewer
-/// rows than a packet (decoding: vectorized across keys), else column-major (vectorized
-/// across rows).
-struct score_tile_view {
-  index_t j0 = 0, bk = 0, ra = 0, m = 0, lds = 0;
-  bool by_rows = false;
-  bool any_excluded = false;  // the key mask excludes some key of the tile
-};
-
-/// The first step of a score tile: which rows of the item meet the tile (tile.ra, tile.m),
-/// the valid local rows [c0, c1) of each key column, and in ws.bad the keys whose V rows must
-/// stay out of a P V product (excluded keys; with `careful`, non-finite V rows too). The
-/// scores are row-major (by_rows) when the tile has fewer rows than a packet (decoding:
-/// vectorized across keys) or when `force_rows`, else column-major (vectorized across rows).
-/// Returns false when no row of the item meets the tile.
-inline bool begin_score_tile(const item_rows& it, const kv_tile& kv, index_t j0, bool careful,
-                             bool force_rows, workspace& ws, score_tile_view& tile) {
-  using cfg = kernel_config;
-  const attention_problem& p = *it.p;
-  const index_t bk = std::min(cfg::block_k, it.ue - j0);
-  // Only the rows whose key range meets this tile take part (causal and windowed tiles on
-  // the diagonal band need a fraction of the rows).
-  index_t ra = it.n, rb = 0;
-  for (index_t r = 0; r < it.n; ++r)
-    if (ws.begin[r] < j0 + bk && ws.end[r] > j0 && ws.begin[r] < ws.end[r]) {
-      ra = std::min(ra, r);
-      rb = r + 1;
-    }
-  if (ra >= rb) return false;
-  const index_t m = rb - ra, dv = p.v_head_dim;
-  tile = score_tile_view{j0, bk, ra, m, 0, force_rows || m < lanes, false};
-  tile.lds = tile.by_rows ? padded_stride(cfg::block_k) : ws.ld();
-
-  // Valid local rows of each key column; keys the key mask excludes get none.
-  const bool* key_mask_row = p.key_mask.data ? p.key_mask.ptr(it.b) : nullptr;
-  ws.bad_count = 0;
-  if (!key_mask_row && !careful) {
-    // No key is excluded or checked: [c0, c1) changes only at keys where a row's range
-    // begins or ends, so the columns between two such keys are filled as one run (a decode
-    // tile is one or two runs instead of a loop over its keys for every head).
-    for (index_t j = 0, lo = 0, hi = 0; j < bk;) {
-      const index_t key = j0 + j;
-      while (lo < m && ws.end[ra + lo] <= key) ++lo;
-      while (hi < m && ws.begin[ra + hi] <= key) ++hi;
-      index_t next = j0 + bk;  // the next key where lo or hi moves
-      if (lo < m) next = std::min(next, ws.end[ra + lo]);
-      if (hi < m) next = std::min(next, ws.begin[ra + hi]);
-      std::fill(ws.c0.data() + j, ws.c0.data() + (next - j0), lo);
-      std::fill(ws.c1.data() + j, ws.c1.data() + (next - j0), std::max(lo, hi));
-      j = next - j0;
-    }
-    return true;
-  }
-  for (index_t j = 0, lo = 0, hi = 0; j < bk; ++j) {
-    const index_t key = j0 + j;
-    while (lo < m && ws.end[ra + lo] <= key) ++lo;
-    while (hi < m && ws.begin[ra + hi] <= key) ++hi;
-    const bool excluded = key_mask_row && p.key_excluded(it.b, key);
-    tile.any_excluded |= excluded;
-    ws.c0[j] = lo;
-    ws.c1[j] = excluded ? lo : std::max(lo, hi);
-    // Excluded keys are unused memory (they may hold NaN): their V rows stay out of P V.
-    if (excluded || (careful && !all_finite(kv.v.data() + j * kv.v.outerStride(), 0, 1, dv)))
-      ws.bad[ws.bad_count++] = j;
-  }
-  return true;
-}
-
-/// The last step of a score tile: ws.s holds the dot products q.k of the tile's rows and
-/// keys (in the tile's layout); turns them into the base-2 scores scale * q.k + bias, -inf
-/// where a mask excludes the key, and each row's maximum into ws.mx[ra..].
-inline void finish_score_tile(const item_rows& it, const score_tile_view& tile, workspace& ws) {
-  const index_t ra = tile.ra, m = tile.m, mp = packet_rows(m), bk = tile.bk, j0 = tile.j0;
-  for (index_t t = 0; t < mp; ++t)
-    ws.base[ra + t] = t < m ? static_cast<float>(it.qo + it.i0 + ra + t - (it.ko + j0)) : 0.0f;
-  tile_geometry g;
-  g.rows = m;
-  g.cols = bk;
-  g.base = ws.base.data() + ra;
-  g.shift = ws.shift_f.data() + ra;
-  g.c0 = ws.c0.data();
-  g.c1 = ws.c1.data();
-  // Exact float distances need every |q_pos - k_pos| - shift of the tile below 2^24.
-  const index_t q0 = it.qo + it.i0;
-  const index_t dmax =
-      std::max(std::abs(q0 + ra - (it.ko + j0 + bk - 1)), std::abs(q0 + ra + m - 1 - (it.ko + j0)));
-  float* mx = ws.mx.data() + ra;
-  float* s = ws.s.data();
-  if (dmax >= (index_t(1) << 24)) {
-    score_tile_far(s, tile.by_rows ? tile.lds : 1, tile.by_rows ? 1 : tile.lds, g, it.scale2,
-                   it.slope2, q0 + ra, it.ko + j0, ws.shift.data() + ra, mx);
-  } else if (!tile.by_rows) {
-    score_tile(s, tile.lds, g, it.scale2, it.neg_slope2, mx);
-  } else {
-    constexpr float neg_inf = -std::numeric_limits<float>::infinity();
-    for (index_t t = 0; t < m; ++t) {
-      float* x = s + t * tile.lds;
-      const index_t r = ra + t;
-      mx[t] = score_row(x, bk, std::clamp<index_t>(ws.begin[r] - j0, 0, bk),
-                        std::clamp<index_t>(ws.end[r] - j0, 0, bk), it.scale2, it.neg_slope2,
-                        ws.base[r], ws.shift_f[r]);
-      if (tile.any_excluded) {
-        mx[t] = neg_inf;
-        for (index_t j = 0; j < bk; ++j) {
-          if (ws.c0[j] == ws.c1[j]) x[j] = neg_inf;
-          mx[t] = max_keep_nan(mx[t], x[j]);
-        }
-      }
-    }
-  }
-}
-
-/// The score-tile building block, for the forward kernel and a backward one: the base-2
-/// scores scale * q.k + bias of the tile's rows and keys, -inf where a mask excludes the
-/// key, into ws.s, and each row's maximum into ws.mx[ra..] (begin_score_tile, the Q K^T
-/// product by Eigen's GEMM, finish_score_tile). kv holds the tile's keys [j0, j0 + bk) in
-/// fp32. Returns false when no row of the item meets the tile.
-inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm, const kv_tile& kv,
-                               index_t j0, bool careful, workspace& ws, score_tile_view& tile) {
-  if (!begin_score_tile(it, kv, j0, careful, false, ws, tile)) return false;
-  const auto km = kv.k.topRows(tile.bk);  // (bk, D)
-  float* s = ws.s.data();
-  if (tile.by_rows)
-    rows_map(s, tile.m, tile.bk, Eigen::OuterStride<>(tile.lds)).noalias() =
-        qm.middleRows(tile.ra, tile.m) * km.transpose();
-  else
-    cols_map(s, tile.m, tile.bk, Eigen::OuterStride<>(tile.lds)).noalias() =
-        qm.middleRows(tile.ra, tile.m) * km.transpose();
-  finish_score_tile(it, tile, ws);
-  return true;
-}
 
 /// The online-softmax step of a scored tile: moves each row's state to its new maximum (the
 /// factor for its accumulated output in ws.alpha) and turns the scores into probabilities in
@@ -663,18 +441,14 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
       // spread over all of them (paced_prefetch), whatever the number of rows. The hardware
       // prefetcher alone falls behind once the products spend long enough on each K/V byte:
       // from one row in half precision (its rows are also widened as they are read), from
-      // four rows in fp32. Against the requests in bursts that paced_prefetch replaced (each
-      // next K row during the first rows' Q K^T, each block of V rows before its P V;
-      // bench_decode's steps, one thread): fp16 MHA 29.4 -> 25.6 ms, fp16 GQA-8 9.8 -> 7.3,
-      // fp32 GQA-8 19.8 -> 14.4. fp32 with one row (16 FMAs per KiB) was left to the hardware
-      // prefetcher while the schedule's bookkeeping sat in the products (requests made it
-      // 1.14-1.18x slower); with the two-stream schedule they pay there too. fp32 MHA steps
-      // against the hardware prefetcher alone (scripts/decode-ab.sh, Hq 32, both versions
-      // alternating in one process, medians of 10-30 rounds): 32768 keys, two threads
-      // 1.05-1.14x faster (six runs), one thread 0.97-1.12x (six runs, four faster); 4096
-      // keys 1.0x on one thread and 1.01-1.03x on two; 1024 keys (32 MiB, partly in the
-      // last-level cache) 1.07x on two threads but 0.95-0.97x on one, where the requests'
-      // own instructions (the arithmetic alone 1.4-1.5x) are not hidden behind memory.
+      // four rows in fp32. Spread requests also beat the bursts they replaced (each next K
+      // row during the first rows' Q K^T, each block of V rows before its P V). fp32 with one
+      // row (16 FMAs per KiB) was left to the hardware prefetcher while the schedule's
+      // bookkeeping sat in the products; with the two-stream schedule the requests pay there
+      // too, except on one thread where K/V partly fits in the last-level cache: there the
+      // requests' own instructions are not hidden behind memory
+      // (docs/journal/2026-12-design-measurements.md,
+      // "attention_kernel.hpp: attend_heads, the next tile's requests").
       if (next_j0 >= 0)
         ahead.plan(kv.rows(true, b, it0.hk, next_j0), d, kv.rows(false, b, it0.hk, next_j0), dv,
                    std::min(bk, it0.ue - next_j0));
@@ -727,10 +501,10 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
     // Without far-tile skipping the order does not matter to the result's accuracy: small
     // calls then read their tiles in ascending addresses, the order the hardware prefetcher
     // follows best (the same order for every head of the call). Nearest-first (for a decode
-    // step: descending), which saves most online-softmax rescales, made steps 1.10-1.31x
-    // slower at 32768 keys although each tile's next one is requested in software
-    // (scripts/decode-ab.sh: fp16 MHA and GQA-8, K as rows and in blocks, fp32 GQA-8, one and
-    // two threads); the arithmetic alone was 0.98-1.01x.
+    // step: descending), which saves most online-softmax rescales, made long steps slower
+    // although each tile's next one is requested in software, with the arithmetic alone
+    // unchanged (docs/journal/2026-12-design-measurements.md,
+    // "attention_kernel.hpp: attend_heads, the tile order").
     for (index_t t = 0; t < ntiles; ++t)
       process(it0.ub + t * bk, t + 1 < ntiles ? it0.ub + (t + 1) * bk : -1, &head_pass::left_done);
   } else if (ntiles > 0) {
@@ -757,7 +531,9 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
 
   // P V through a GEMM multiplies masked probabilities (exact zeros) by every V row of the
   // tile, so a non-finite V row would reach rows that never attend to it (0 * NaN = NaN);
-  // so do the small-row products. Checking every tile costs ~6%; instead a non-finite
+  // so do the small-row products. Checking every tile would cost time on every call
+  // (docs/journal/2026-12-design-measurements.md,
+  // "attention_kernel.hpp: attend_heads, the non-finite check"); instead a non-finite
   // result, which finite inputs never produce, sends the whole call through the careful
   // path that keeps such rows out of the products and adds their contribution only where
   // the probability is non-zero.
@@ -810,181 +586,6 @@ inline void merge_splits(const attention_problem& p, const tensor_view<float, 4>
           total.lse(-p.slope(b, h) * static_cast<float>(p.distance_shift(b, i0 + r)));
   }
 }
-
-/// Key-norm bounds for far-tile skipping: one pass over K (B * Hkv * Lk * D), small next to
-/// a prefill's attention; a decode step reads K once more for it, so there skipping pays
-/// once it skips more than about half of the tiles (it skips most at long lengths). Keys
-/// past the length or excluded by the key mask are unused memory and are not read.
-/// prefix and suffix: (B, Hkv, grid) each.
-static_assert(kernel_config::block_k == key_norm_block,
-              "caller key-norm bounds are per key tile of the kernel");
-template <class T>
-void compute_key_norms(int threads, const attention_problem& p, const kv_source<T>& kv,
-                       index_t grid, float* prefix, float* suffix) {
-  constexpr index_t bk = kernel_config::block_k;
-  // Only keys some row can reach: the rows' key ranges are monotone, so their union is
-  // [range of row 0).begin, (range of the last row).end).
-  auto reachable = [&](index_t b) {
-    const index_t lq = p.len_q(b);
-    return index_range{lq > 0 ? p.key_range(b, 0).begin : 0,
-                       lq > 0 ? p.key_range(b, lq - 1).end : 0};
-  };
-  auto excluded = [&](index_t b) { return [&p, b](index_t j) { return p.key_excluded(b, j); }; };
-  // K with the tokens outermost: a key tile at a time for every KV head, each token's rows
-  // of all heads one after the other, so that the pass reads K in ascending addresses. One
-  // KV head at a time, it read a few lines of every token's row, and a decode step with
-  // skipping on took 1.9-3.8x the heads-outermost one (32768 keys; fp16 GQA-8 on one thread
-  // 7.52 ms against 3.47, longer than without skipping); now 0.86-1.21x
-  // (bench/results/decode-2026-12-05-epyc, skipnorm_old.log and skipnorm_new.log). The same
-  // norms, so the same bounds (a maximum does not depend on the order; NaN stays NaN).
-  const bool by_tokens = !p.key_norm_bounds.data && kv.keys_interleave();
-  if (by_tokens)
-    parallel_for(threads, p.batch * grid, [&](index_t bt) {
-      const index_t b = bt / grid, t = bt % grid;
-      const index_range reach = reachable(b);
-      thread_local std::vector<float> worst;
-      worst.assign(static_cast<std::size_t>(p.kv_heads), 0.0f);
-      const auto is_excluded = excluded(b);
-      for (index_t j = std::max(reach.begin, t * bk); j < std::min(reach.end, (t + 1) * bk); ++j)
-        if (!is_excluded(j))
-          for (index_t hk = 0; hk < p.kv_heads; ++hk)
-            worst.data()[hk] = max_keep_nan(worst.data()[hk], kv.key_squared_norm(b, hk, j));
-      for (index_t hk = 0; hk < p.kv_heads; ++hk)
-        prefix[(b * p.kv_heads + hk) * grid + t] =
-            key_norm_bound(worst.data()[hk], kv.k.extents[3]);
-    });
-  parallel_for(threads, p.batch * p.kv_heads, [&](index_t bh) {
-    const index_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
-    float* pre = prefix + bh * grid;
-    float* suf = suffix + bh * grid;
-    const index_range reach = reachable(b);
-    if (p.key_norm_bounds.data) {  // the caller's bounds
-      for (index_t t = 0; t < grid; ++t) pre[t] = suf[t] = p.key_norm_bounds(b, hk, t);
-    } else if (by_tokens) {
-      std::copy(pre, pre + grid, suf);
-    } else {
-      for (index_t t = 0; t < grid; ++t)  // NaN disables skipping
-        pre[t] = suf[t] = kv.norm_bound(b, hk, std::max(reach.begin, t * bk),
-                                        std::min(reach.end, (t + 1) * bk), excluded(b));
-    }
-    for (index_t t = 1; t < grid; ++t) pre[t] = max_keep_nan(pre[t - 1], pre[t]);
-    for (index_t t = grid - 2; t >= 0; --t) suf[t] = max_keep_nan(suf[t + 1], suf[t]);
-  });
-}
-
-/// What the work plan of a call needs to know of its K/V memory.
-struct kv_memory {
-  /// 0, or the stride of a KV head's rows in bytes when the KV heads' rows interleave in
-  /// memory (kv_source::heads_interleave, token_bytes).
-  index_t token_bytes = 0;
-  /// Whether the rows of every KV head of a key make one run with the next key's
-  /// (kv_source::token_rows_packed).
-  bool token_rows_packed = false;
-
-  template <class T>
-  static kv_memory of(const kv_source<T>& kv) {
-    kv_memory m;
-    if (kv.heads_interleave()) m.token_bytes = kv.token_bytes();
-    m.token_rows_packed = kv.token_rows_packed();
-    return m;
-  }
-};
-
-/// The work of a call. An item is (batch, query head, query tile); the items of a call with
-/// at most kernel_config::small_rows query rows (decoding) are worked on a GQA group at a
-/// time, so that the group's heads share each K/V tile, or all the query heads of a batch
-/// entry at a time (all_kv_heads). A unit (the items worked on together) is optionally split
-/// into key chunks.
-struct work_plan {
-  index_t tiles = 0, heads = 0, items = 0, group = 1, units = 0, splits = 1, chunk = 0;
-  index_t rows_stride = 0, q_heads = 0, q_len = 0;
-  bool small = false;
-  bool chunk_major = false;   // work in chunk order: every unit's chunk c before any c + 1
-  bool all_kv_heads = false;  // a unit holds every query head (small_tile_kv_heads)
-
-  /// skipping: the call skips far tiles.
-  static work_plan make(const attention_problem& p, kv_memory mem, bool skipping) {
-    using cfg = kernel_config;
-    work_plan w;
-    w.q_heads = p.q_heads;
-    w.q_len = p.q_len;
-    w.tiles = (p.q_len + cfg::block_q - 1) / cfg::block_q;
-    w.heads = p.batch * p.q_heads;
-    w.items = w.heads * w.tiles;
-    w.small = p.q_len <= cfg::small_rows;
-    w.group = w.small ? p.group_size() : 1;
-    w.units = w.items / w.group;
-    w.splits = few_units_splits(w.units, cfg::min_items, p.k_len, cfg::min_split_keys);
-    // A small call over interleaved heads: one head's pass over all its keys would touch
-    // every page of the K/V memory for a few lines, and the hardware prefetcher does not
-    // follow such a stride. In key chunks taken in chunk order, all the units of a chunk
-    // read its pages one after another instead. Measured on this project's Zen 5 guest (32
-    // query heads, D 128, 8 and 32 KV heads, skipping off, scripts/decode-ab.sh layout 2,
-    // chunks of 2048 keys against one pass): 32768 keys 1.46-1.86x faster on one thread,
-    // 1.17-1.50x on two; 4096 keys 0.90-1.09x (noise).
-    // A chunk spans about interleaved_chunk_bytes of K and of V (256 to 2048 keys, more
-    // where max_partial_bytes caps the chunks of a call with many items): with
-    // 2048 keys always, long token rows (fp32 MHA, 32 KV heads of D 128: 16 KiB per token)
-    // made each unit's pass span 32 MiB. Against 2048 keys always (the same A/B, 6-10
-    // rounds, two runs at 32768 keys): MHA fp32 / fp16 / bf16 1.15-1.18x faster on one
-    // thread, 1.05-1.09x on two, 1.09-1.20x at 4096 keys; fp32 GQA-8 (1024 keys)
-    // 0.99-1.09x; half-precision GQA-8 (2 KiB per token) keeps 2048 (at 512 keys: 1.00-1.03x,
-    // noise). Not when skipping far tiles: every chunk's nearest tile is computed, so a steep head
-    // that one pass would end after a few tiles would compute one per chunk (fp16 and fp32,
-    // 8 and 32 KV heads, 32768 keys, causal, key-norm bounds given: 2.4-11x slower).
-    // When the rows of all KV heads of a key make one run of memory with the next key's (a
-    // dense (batch, seq, heads, dim) cache), a unit holds all the query heads of a batch
-    // entry instead, and reads each key tile's K and V rows of all heads as two ascending
-    // runs (small_tile_kv_heads). While there are fewer than min_items batch entries, each
-    // splits its keys into about min_items / entries chunks (as the other small calls reach
-    // min_items units) of at least min_kv_heads_chunk_keys keys. Measured on the Zen 5 guest
-    // against the key chunks per KV head below (32 query heads, D 128, skipping off,
-    // scripts/decode-ab.sh layout 2, 6-10 rounds): 32768 keys, half precision 1.44-1.52x faster on
-    // one thread and 1.74-1.96x on two, fp32 GQA-8 1.23x and 1.55x, fp32 MHA 1.02x and 1.31x; 4096
-    // keys 0.99-1.71x (then 2 chunks of 2048; 8 of 512 since: min_kv_heads_chunk_keys).
-    if (w.small && mem.token_bytes > 0 && !skipping && p.k_len >= 2 * cfg::min_split_keys) {
-      w.chunk_major = true;
-      if (mem.token_rows_packed) {
-        w.all_kv_heads = true;
-        w.group = p.q_heads;
-        w.units = w.items / w.group;
-        w.splits = few_units_splits(w.units, cfg::min_items, p.k_len, cfg::min_kv_heads_chunk_keys);
-      } else {
-        const index_t keys = std::clamp(cfg::interleaved_chunk_bytes / mem.token_bytes,
-                                        cfg::min_interleaved_keys, cfg::min_split_keys);
-        w.splits = std::max(w.splits, p.k_len / keys);
-      }
-    }
-    w.rows_stride = std::min(cfg::block_q, p.q_len);
-    // Each chunk adds an output row and a softmax state per query row of every item: at most
-    // max_partial_bytes of them (then fewer, longer chunks).
-    const index_t split_bytes =
-        w.items * w.rows_stride *
-        (p.v_head_dim * index_t(sizeof(float)) + index_t(sizeof(softmax_state)));
-    w.splits = std::clamp<index_t>(cfg::max_partial_bytes / std::max<index_t>(split_bytes, 1), 1,
-                                   w.splits);
-    // Split keys: chunk c covers keys [c * chunk, (c + 1) * chunk).
-    w.chunk =
-        ((p.k_len + w.splits - 1) / w.splits + cfg::block_k - 1) / cfg::block_k * cfg::block_k;
-    // Rounding the chunk up to whole tiles may leave the last chunks without keys (from
-    // about 18 splits on): no chunk starts past k_len.
-    if (w.chunk > 0) w.splits = (p.k_len + w.chunk - 1) / w.chunk;
-    return w;
-  }
-  /// Item -> (b, h, query rows [i0, i1)). Causal and windowed work grows with the query
-  /// tile index, so the largest items go first: the atomic counter then balances the tail.
-  void coords(index_t item, index_t& b, index_t& h, index_t& i0, index_t& i1) const {
-    const index_t bh = item % heads, t = tiles - 1 - item / heads;
-    b = bh / q_heads;
-    h = bh % q_heads;
-    i0 = t * kernel_config::block_q;
-    i1 = std::min(q_len, i0 + kernel_config::block_q);
-  }
-  /// The item of query head h of batch entry b whose query tile starts at row i0.
-  index_t item_of(index_t b, index_t h, index_t i0) const {
-    return (tiles - 1 - i0 / kernel_config::block_q) * heads + b * q_heads + h;
-  }
-};
 
 template <class T>
 void run(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,

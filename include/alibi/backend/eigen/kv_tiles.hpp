@@ -79,20 +79,12 @@ struct tile_rows {
 /// Why spread: a core has few line-fill buffers, and a burst of requests (a tile's K during
 /// the first rows' Q K^T, a block of V rows before their P V) holds the arithmetic until most
 /// of its lines have arrived, so a tile then takes its compute time plus its memory time.
-/// Measured with a synthetic loop on this project's Zen 5 guest (one thread, 2 x 64 KiB
-/// streamed per "tile" with 8.5 ms of L1-resident FMAs over the run, 12-14 ms of memory
-/// alone): 22.7 ms with the hardware prefetcher alone, 20.9 ms with each next tile requested
-/// in one burst, 14.7 ms with its lines spread over the arithmetic.
+/// Spread over the arithmetic, the requests overlap with it instead.
 ///
 /// Why a tick is a fixed count of requests from a pointer, with no schedule: it runs inside
-/// the products' FMA chains. The previous schedule (one queue of K then V pieces, each tick
-/// weighed by its keys, a period and a due count) made the products of 4 rows of a tile in
-/// L1 1.2-1.35x slower than without it, this one 1.04-1.07x (BM_tile_products, fp16 and
-/// bf16, K as rows and in blocks); GQA-8 fp16 decode steps' arithmetic 1.1x (K as rows) to
-/// 1.2x (K in blocks) faster. The steps (scripts/decode-ab.sh, k_len 32768, 1 and 2 threads,
-/// two runs): half precision 1.0-1.14x faster, most with K in blocks; fp32 GQA-8 1.03-1.06x
-/// slower, although its requests are exactly those of the previous schedule (the same lines
-/// at the same ticks, only sooner).
+/// the products' FMA chains, where a schedule's bookkeeping (one queue of K then V pieces,
+/// each tick weighed by its keys, a period and a due count) slowed the products themselves.
+/// Measurements: docs/journal/2026-12-design-measurements.md, "kv_tiles.hpp: paced_prefetch".
 class paced_prefetch {
  public:
   /// Which product a tick comes from: Q K^T requests the next K, P V the next V.
@@ -204,10 +196,9 @@ class paced_prefetch {
     ALIBI_FORCEINLINE void request_chunk() {
       for (index_t l = 0; l < lines; ++l) {
         // Into L1 and L2 (prefetcht0 on x86). The lines of a whole tile do not all stay in
-        // L1, but each arrives there instead of one level further: measured against
-        // prefetcht1 with both versions alternating call by call (k_len 32768, 16 calls
-        // each, medians, 1 and 2 threads), half-precision MHA decode 1.05-1.10x faster, GQA-8
-        // 0.995-1.025x.
+        // L1, but each arrives there instead of one level further, which made half-precision
+        // decode steps faster than prefetcht1 did (docs/journal/2026-12-design-measurements.md,
+        // "kv_tiles.hpp: paced_prefetch::request_stream::request_chunk").
         __builtin_prefetch(reinterpret_cast<const void*>(at + static_cast<std::uintptr_t>(64 * l)),
                            0, 3);
         // GCC may delete a loop that only prefetches (to it a prefetch has no effect); an
@@ -355,9 +346,8 @@ struct kv_source {
   /// |k_j|^2 of key j of (b, hk), summed in float from the stored values: packets into two
   /// accumulators, then the scalar tail (compute_key_norms' margin covers any order).
   /// Widened in registers: through a converted copy of each row, with one accumulator, the
-  /// pass took longer than the skipping decode step it served. Measured on decode steps with
-  /// skipping on (32768 keys, both versions alternating in one process): fp16 and bf16
-  /// 1.35-1.45x faster (MHA and GQA-8, one and two threads), fp32 1.02-1.2x.
+  /// pass took longer than the skipping decode step it served
+  /// (docs/journal/2026-12-design-measurements.md, "kv_tiles.hpp: kv_source::key_squared_norm").
   float key_squared_norm(index_t b, index_t hk, index_t j) const {
     namespace ei = Eigen::internal;
     const T* row = k.ptr(b, hk, j);

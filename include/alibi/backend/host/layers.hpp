@@ -97,13 +97,11 @@ struct host_layer_ops {
   /// small batch) go through cpu::few_rows_products on the eigen backend with fp32, in blocks
   /// of few_rows_cols output columns, rather than Eigen's product: Eigen's GEMM takes a few
   /// rows through its narrowest paths (with AVX-512, fewer rows than a packet holds), and
-  /// reads the weights at a fraction of the memory's speed (BM_decode_projections: four
-  /// 1024 x 1024 projections of 2 rows from memory read 8-13 GB/s against 21-36 with
-  /// few_rows_products, one and two threads, projections25.log). A row's results are then bitwise
+  /// reads the weights at a fraction of the memory's speed. A row's results are then bitwise
   /// the same whatever the number of rows up to few_rows. Why blocks of 128 columns: a call's
-  /// blocks are handed out one at a time, so a helper thread that wakes late still finds some left
-  /// (with Eigen's product for one row on two threads, two blocks of 512 columns per call took
-  /// 0.97-1.19x the time of eight of 128, probe_few_rows.log).
+  /// blocks are handed out one at a time, so a helper thread that wakes late still finds some
+  /// left (docs/journal/2026-12-design-measurements.md,
+  /// "host/layers.hpp: host_layer_ops::few_rows, few_rows_cols").
   static constexpr index_t few_rows = 16, few_rows_cols = 128;
 
   /// y (rows, out) = act(x (rows, in) w (out, in)^T + bias), or y += x w^T + bias.

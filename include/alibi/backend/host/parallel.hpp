@@ -67,8 +67,9 @@ inline namespace ALIBI_CPU_ISA {
 /// Why: in a program built with -fopenmp, Eigen runs every large enough product with an
 /// OpenMP team of Eigen::nbThreads() = omp_get_max_threads() threads unless the thread is
 /// already in a team. alibi's pool threads are not OpenMP threads, so each would start a team
-/// of its own: threads x OpenMP threads runnable at once (4-14x slower in issue 21), and
-/// Eigen's GEMM blocking, so the rounding of the results, would depend on the team size.
+/// of its own: threads x OpenMP threads runnable at once, several times slower
+/// (docs/journal/2026-12-design-measurements.md, "host/parallel.hpp: single_threaded_products"),
+/// and Eigen's GEMM blocking, so the rounding of the results, would depend on the team size.
 /// alibi's threading is the only one inside a call. omp_get_max_threads() reads nthreads-var,
 /// an ICV of the current task: outside a parallel region each thread has its own, so setting
 /// it here changes only this thread, for this scope (on the calling thread too, where the

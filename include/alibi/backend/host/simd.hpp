@@ -76,11 +76,11 @@ ALIBI_FORCEINLINE packet load_floats(const T* p) {
 
 /// load_floats for a packet that several query rows use, kept in a register. With fp32, GCC
 /// 12 folds such a load into each row's FMA as a memory operand instead (it counts those
-/// loads as free): measured on one L1-resident 128-key tile of 4 rows, D 128, P V then issued
-/// 20 loads per 16 FMAs and ran at 0.4 of the speed of the same loop over fp16 V. An empty
-/// asm statement that claims to modify the register makes the compiler load it once; no
-/// effect on the arithmetic. Half precision is widened into a register anyway, and the
-/// statement there made GCC store each packet to the stack (P V 1.35x slower).
+/// loads as free), so P V then issues more loads than FMAs and runs well below the same loop
+/// over fp16 V. An empty asm statement that claims to modify the register makes the compiler
+/// load it once; no effect on the arithmetic. Half precision is widened into a register
+/// anyway, and the statement there made GCC store each packet to the stack, which slowed P V
+/// (docs/journal/2026-12-design-measurements.md, "host/simd.hpp: load_shared").
 template <class T>
 ALIBI_FORCEINLINE packet load_shared(const T* p) {
   packet x = load_floats(p);

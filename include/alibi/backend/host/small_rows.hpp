@@ -329,19 +329,16 @@ template <class T, class Pace>
 void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, index_t bk, index_t d,
                   float* const* s, Pace&& pace) {
   // Blocks of 4, 2 and 1 rows, with 2, 4 and 8 keys at a time: 8 chains each (16, with
-  // 4 keys for 4 rows, measured no faster with AVX-512).
+  // 4 keys for 4 rows, were no faster with AVX-512).
   index_t t = 0;
 #if defined(EIGEN_VECTORIZE_AVX512)
   // Two rows or more (a GQA group, several query tokens) with a head dimension of 4 or 8
   // whole packets (and any tail): pairs of rows with their packets in registers instead. The
-  // loop then loads only K; the 4-row blocks load a row's packet for every two keys. Measured
-  // on 4 rows of a 128-key tile in L1 with D 128: 1.7x faster with fp16/bf16 K, 1.4x with
-  // fp32 (0.8 -> 1.4 FMAs per cycle with fp16).
+  // loop then loads only K; the 4-row blocks load a row's packet for every two keys.
   // With fp32 K, D of 8 whole packets and four rows or more, the rows go four at a time
-  // (scores_quad: each K packet loaded once for four rows): on 4 rows of that tile 1.22x
-  // faster than the pairs (153 -> 187 GFLOP/s), and fp32 GQA-8 decode at 32768 keys 1.035x
-  // (one thread, both versions alternating in one process). Not with half-precision K: 1.04x
-  // on the tile in L1, but 1.01-1.04x slower in decode.
+  // (scores_quad: each K packet loaded once for four rows). Not with half-precision K: a
+  // little faster on a tile in L1, but slower in decode steps. Measurements of these
+  // blockings: docs/journal/2026-12-design-measurements.md, "host/small_rows.hpp: small_scores".
   if (std::is_same<T, float>::value && m >= 4 && d / lanes == 8)
     t = scores_quads<8>(q, m, k, ldk, bk, d, s, pace);
   else if (m >= 2 && d / lanes == 8)
@@ -364,18 +361,18 @@ void small_scores(const float* const* q, index_t m, const T* k, index_t ldk, ind
 /// eight rows are eight runs read from memory side by side, and stay in L1 for the other
 /// pairs. Why eight: each row of w is a run of its own (4 KiB for d = 1024 fp32: a page,
 /// which the hardware prefetcher must pick up anew), and the weights stream about as fast as
-/// the runs read at once allow. Measured on this project's Zen 5 guest, four 1024 x 1024 fp32
-/// projections of 2 rows from memory, one thread (bench/results/decode-2026-12-05-epyc/
-/// probe_few_rows.log): small_scores' blocking (2 rows of x against 4 rows of w) read the
-/// weights at 17-18 GB/s, each row of x alone against 8 rows of w 21-23, this 24-25 (one
-/// row: 27-29 GB/s, as Eigen's matrix-vector product; Eigen's GEMM with 2 rows: 10 GB/s).
+/// the runs read at once allow: this blocking read the weights faster than small_scores'
+/// (2 rows of x against 4 rows of w), than each row of x alone against 8 rows of w, and than
+/// Eigen's GEMM (docs/journal/2026-12-design-measurements.md,
+/// "host/small_rows.hpp: few_rows_products").
 /// With 16 vector registers (AVX2) the pairs go against 4 rows of w (below).
 template <class T>
 void few_rows_products(const float* x, index_t ldx, index_t m, const T* w, index_t ldw, index_t n,
                        index_t d, float* y, index_t ldy, bool accumulate) {
   // Pairs of rows hold 2 x pair_keys accumulators and pair_keys rows of w in registers (25
   // vectors with 8): with 16 vector registers (AVX2), 4 rows of w at a time (with 8, 16 rows
-  // of x went 0.81-0.91x Eigen's speed, with 4 1.18-1.29x; probe_few_rows_avx2.log).
+  // of x went slower than Eigen's product, with 4 faster;
+  // docs/journal/2026-12-design-measurements.md, "host/small_rows.hpp: few_rows_products").
   constexpr index_t keys = 8, pair_keys = vector_registers >= 32 ? 8 : 4;
   const auto unpaced = [] {};
   for (index_t j = 0; j < n; j += keys) {
@@ -407,8 +404,8 @@ void few_rows_products(const float* x, index_t ldx, index_t m, const T* w, index
 /// depends on nothing but its own row and key (not on R, NB or the rows beside it), there
 /// are no horizontal sums, and each K packet is loaded (and widened) once for all R rows.
 /// pace() before every 8 elements (every 16, with the schedule paced_prefetch had before
-/// its ticks became a fixed count of requests, was 1.03-1.4x slower on decode steps in this
-/// guest's noise).
+/// its ticks became a fixed count of requests, was slower on decode steps;
+/// docs/journal/2026-12-design-measurements.md, "host/small_rows.hpp: block_products").
 template <int R, int NB, class T, class Pace>
 ALIBI_FORCEINLINE void block_products(const float* const* q, const T* k, index_t ldk, index_t u,
                                       index_t d, packet* acc, Pace& pace) {
@@ -452,7 +449,7 @@ void whole_block_scores(const float* const* q, const T* k, index_t ldk, index_t 
 /// whole_block_scores for one block at an edge of the tile: only its lanes that are keys of
 /// the tile are stored. A function of its own: storing part of a packet through a local
 /// array in the function of the whole blocks made GCC keep their accumulators in memory
-/// (4 rows of a tile in L1: 2.7x slower).
+/// (docs/journal/2026-12-design-measurements.md, "host/small_rows.hpp: edge_block_scores").
 template <int R, class T, class Pace>
 __attribute__((noinline)) void edge_block_scores(const float* const* q, const T* k, index_t ldk,
                                                  index_t u, index_t off, index_t bk, index_t d,
@@ -485,9 +482,8 @@ void block_scores_rows(const float* const* q, const T* k, index_t ldk, index_t o
 /// small_scores for K in blocks (k: the block holding the tile's first key, at lane off;
 /// block u at k + u * ldk): rows 4, 2 or 1 at a time, with as many blocks at a time as make
 /// about half the vector registers of accumulators (each a chain over the head dimension).
-/// Measured on 4 rows of a 128-key tile in L1 with D 128 (AVX-512), against small_scores on
-/// rows: fp16 905 -> 596 ns, bf16 864 -> 601, fp32 923 -> 641; one row: fp16 477 -> 310,
-/// fp32 623 -> 271.
+/// Faster than small_scores over the same keys stored as rows, in fp16, bf16 and fp32
+/// (docs/journal/2026-12-design-measurements.md, "host/small_rows.hpp: small_block_scores").
 template <class T, class Pace>
 void small_block_scores(const float* const* q, index_t m, const T* k, index_t ldk, index_t off,
                         index_t bk, index_t d, float* const* s, Pace&& pace) {
@@ -506,8 +502,8 @@ void small_block_scores(const float* const* q, index_t m, const T* k, index_t ld
 /// v + j * ldv, stored as T), and each V packet is loaded (and widened) once for all R rows.
 /// Each key's R x C products are independent, so the FMA units stay busy even though every
 /// packet's own sum is a chain over the keys. pace() before every key (a tick every 4 keys,
-/// so requests 4 times larger, saved arithmetic but made fp16 MHA decode steps 1.07x slower
-/// on one thread).
+/// so requests 4 times larger, saved arithmetic but made fp16 MHA decode steps slower on one
+/// thread; docs/journal/2026-12-design-measurements.md, "host/small_rows.hpp: pv_packets").
 template <int R, int C, class T, class Pace>
 ALIBI_FORCEINLINE void pv_packets(const float* const* p, const T* v, index_t ldv, index_t jb,
                                   index_t je, float* const* o, Pace& pace) {
@@ -557,7 +553,7 @@ void pv_rows(const float* const* p, const T* v, index_t ldv, index_t jb, index_t
   index_t e = 0;
   pv_blocks<R, C>(p, v, ldv, jb, je, dp, o, e, pace);
   // The scalar tail through std::fma: a compiler may contract a += p * v into one FMA in
-  // one instantiation of this function and not in another (measured: GCC 12, the tail of
+  // one instantiation of this function and not in another (seen with GCC 12: the tail of
   // D 120 differed between two callers), and a row's result must not depend on its caller.
   for (int t = 0; t < R; ++t)
     for (e = dp; e < dv; ++e) {

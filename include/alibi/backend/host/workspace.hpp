@@ -49,8 +49,8 @@ struct kernel_config {
   static_assert(max_kv_heads_block_keys <= block_k, "blocks of keys within one key tile");
   // Their key chunks (while a call has fewer than min_items batch entries) hold at least
   // this many keys: one or two sequences of 4096 keys take 8 chunks each, work for more
-  // cores than two, at some cost on two (this project's Zen 5 guest, against 2 chunks:
-  // fp16 GQA-8 1.07x the time on one thread, 0.98x on two; 16 chunks of 256 keys: 1.0-1.15x).
+  // cores than two, at some cost on fewer (docs/journal/2026-12-design-measurements.md,
+  // "host/workspace.hpp: kernel_config::min_kv_heads_chunk_keys").
   static constexpr index_t min_kv_heads_chunk_keys = 4 * block_k;
   // The partial results of a split call (each chunk's output rows and softmax states) stay
   // within this many bytes, whatever the batch: fewer, longer chunks rather than memory
@@ -58,7 +58,7 @@ struct kernel_config {
   // thread). Large enough that decoding (one query row per head) with 32 heads keeps its
   // chunks while sequences x keys stay within about 4M (about 126 sequences of 32768 keys); beyond
   // that, and with several query rows per head, interleaved heads' chunks grow past
-  // interleaved_chunk_bytes (unmeasured: no such call was in the A/B runs that chose them).
+  // interleaved_chunk_bytes (no such call was among the benchmarks that chose them).
   static constexpr index_t max_partial_bytes = index_t(256) << 20;
 };
 
@@ -121,10 +121,10 @@ class aligned_buffer {
 /// A standard allocator of 64-byte aligned memory, by the same operator new as
 /// aligned_buffer: the storage of the CPU layers' buffers (the kv_cache, activations,
 /// weights). Why: a 64-byte packet load from a row that is not 64-byte aligned spans two
-/// cache lines, and large blocks from malloc are 16 bytes past a page boundary. Measured on
-/// decoding (32 query heads, D 128, 32768 keys, one thread, aligned and misaligned copies
-/// of K/V alternating in one process): with far-tile skipping off, 1.11x faster with fp16
-/// MHA and 1.00-1.02x otherwise; with it on (much of the work then in cache), fp32 1.08-1.12x.
+/// cache lines, and large blocks from malloc are 16 bytes past a page boundary. Decode steps
+/// over aligned K/V were faster with fp16 MHA, and with fp32 when far-tile skipping keeps
+/// much of the work in cache (docs/journal/2026-12-design-measurements.md,
+/// "host/workspace.hpp: aligned_allocator").
 template <class T>
 struct aligned_allocator {
   using value_type = T;
