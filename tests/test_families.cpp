@@ -542,6 +542,31 @@ TEST_CASE("families: tensor-parallel slices load each rank's part of every tenso
     }
 }
 
+TEST_CASE("families: sizes whose feed-forward width overflows int64 are refused",
+          "[layers][families]") {
+  using alibi::families::from_config;
+  // 2^62: 4 * hidden_size would overflow (undefined behaviour) before the check.
+  REQUIRE_THROWS_WITH(from_config(R"({"model_type": "bloom", "hidden_size": 4611686018427387904,
+        "n_head": 16, "n_layer": 2})"),
+                      Catch::Contains("alibi::families::bloom") &&
+                          Catch::Contains("4 * hidden_size") &&
+                          Catch::Contains("does not fit in a 64-bit index"));
+  REQUIRE_THROWS_WITH(
+      from_config(R"({"model_type": "mpt", "d_model": 4611686018427387904,
+        "n_heads": 16, "n_layers": 2, "expansion_ratio": 4})"),
+      Catch::Contains("alibi::families::mpt") && Catch::Contains("expansion_ratio * d_model"));
+  REQUIRE_THROWS_AS(alibi::families::falcon_rw(index_t{1} << 62, 16, 2), alibi::error);
+  // The largest width that fits is accepted.
+  REQUIRE(alibi::families::bloom(index_t{1} << 60, 16, 2).layer.ff_dim == index_t{1} << 62);
+}
+
+TEST_CASE("families: config.json nested too deep is refused", "[layers][families]") {
+  const std::string deep = R"({"model_type": "bloom", "x": )" + std::string(100000, '[') +
+                           std::string(100000, ']') + "}";
+  REQUIRE_THROWS_WITH(alibi::families::from_config(deep),
+                      Catch::Contains("nested deeper than 256 levels"));
+}
+
 TEST_CASE("families: config.json files give the presets", "[layers][families]") {
   using alibi::families::from_config;
   SECTION("bloom-560m") {

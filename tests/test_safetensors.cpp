@@ -14,8 +14,8 @@
 #include <vector>
 
 #include <alibi/alibi.hpp>
-#include <alibi/models/checkpoint.hpp>
 #include <alibi/io/safetensors.hpp>
+#include <alibi/models/checkpoint.hpp>
 
 #include "call_fixture.hpp"
 
@@ -256,6 +256,15 @@ TEST_CASE("safetensors: sharded checkpoints load like one file", "[safetensors][
   };
   CHECK_THAT(index_error("{\"weight_map\":"), Contains("bad.index.json") && Contains("syntax"));
   CHECK_THAT(index_error("{\"metadata\":{}}"), Contains("needs a \"weight_map\" object"));
+  // metadata nested a million deep: refused before the JSON library's recursion sees it.
+  CHECK_THAT(index_error("{\"metadata\":" + std::string(1000000, '[') + std::string(1000000, ']') +
+                         ",\"weight_map\":{}}"),
+             Contains("bad.index.json") && Contains("nested deeper than 256 levels"));
+  // Brackets inside strings do not count, and 256 levels are accepted.
+  CHECK_THAT(
+      index_error("{\"metadata\":{\"x\":\"" + std::string(1000, '[') +
+                  "\"},\"weight_map\":" + std::string(255, '[') + std::string(255, ']') + "}"),
+      Contains("needs a \"weight_map\" object"));
   CHECK_THAT(index_error("{\"weight_map\":{\"w\":3}}"),
              Contains("weight_map entry 'w' is not a string"));
   CHECK_THAT(index_error("{\"weight_map\":{\"w\":\"../x.safetensors\"}}"),

@@ -3,6 +3,7 @@
 // attention() and, without throwing, from can_implement().
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -182,4 +183,23 @@ TEST_CASE("the same checks run for the reference backend and fill_bias", "[valid
       Contains("alibi::fill_bias: params.k_lengths(0) must be in [0, k_len = 4], got 9"));
   CHECK_THROWS_WITH(alibi::bias_matrix(-1, 2, 2),
                     Contains("alibi::bias_matrix: heads, q_len and k_len must be >= 0"));
+}
+
+TEST_CASE("tensor_view converts T to const T only", "[validation]") {
+  // The conversion's element type is deduced from the target: before, any element type
+  // converted to any const one, and the conversion called itself until the stack overflowed.
+  STATIC_REQUIRE(
+      std::is_convertible<alibi::tensor_view<float, 3>, alibi::tensor_view<const float, 3>>::value);
+  STATIC_REQUIRE_FALSE(std::is_convertible<alibi::tensor_view<double, 3>,
+                                           alibi::tensor_view<const float, 3>>::value);
+  STATIC_REQUIRE_FALSE(std::is_convertible<alibi::tensor_view<float, 3>,
+                                           alibi::tensor_view<const double, 3>>::value);
+  STATIC_REQUIRE_FALSE(
+      std::is_convertible<alibi::tensor_view<const float, 3>, alibi::tensor_view<float, 3>>::value);
+  double d[8] = {};
+  const alibi::tensor_view<double, 3> a = alibi::make_view(d, 2, 2, 2);
+  const alibi::tensor_view<const double, 3> c = a;
+  CHECK(c.data == d);
+  CHECK(c.extents[2] == 2);
+  CHECK(c.strides[0] == 4);
 }

@@ -56,8 +56,11 @@ struct tensor_view {
     return data + off;
   }
 
-  /// A view of the same memory with read-only elements.
-  template <class U = T, class = std::enable_if_t<!std::is_const<U>::value>>
+  /// A view of the same memory with read-only elements: T -> const T only. U is deduced
+  /// from the target, so it must be T itself; any other element type has no conversion
+  /// (a double view does not become a float one).
+  template <class U = T,
+            std::enable_if_t<std::is_same<U, T>::value && !std::is_const<U>::value, int> = 0>
   ALIBI_HOST_DEVICE constexpr operator tensor_view<const U, Rank>() const {
     tensor_view<const T, Rank> v;
     v.data = data;

@@ -139,8 +139,42 @@ struct json_error_recorder {
   }
 };
 
+/// The deepest nesting of JSON text accepted. Safetensors headers, their indexes and model
+/// configs nest a few levels; the bound keeps hostile text from exhausting the stack in the
+/// JSON library's recursive parser and destructor.
+inline constexpr int max_json_depth = 256;
+
+/// Whether the arrays and objects of JSON text nest at most max_json_depth deep. A scan of
+/// the bytes, brackets inside strings excepted; it runs before the parser, so text of any
+/// depth is refused without recursion. Malformed text is left to the parser's own error.
+inline bool json_depth_ok(const char* begin, const char* end) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char* c = begin; c != end; ++c) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (*c == '\\')
+        escaped = true;
+      else if (*c == '"')
+        in_string = false;
+    } else if (*c == '"') {
+      in_string = true;
+    } else if (*c == '[' || *c == '{') {
+      if (++depth > max_json_depth) return false;
+    } else if (*c == ']' || *c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
 /// Parses JSON text; a syntax error is an alibi::error: the context, then nlohmann's message.
+/// Text nested deeper than max_json_depth is refused before it is parsed.
 inline nlohmann::json parse_json(const char* begin, const char* end, const std::string& context) {
+  if (!json_depth_ok(begin, end))
+    detail::raise(
+        error(context + ": JSON nested deeper than " + detail::str(max_json_depth) + " levels"));
   nlohmann::json v = nlohmann::json::parse(begin, end, nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded()) {
     json_error_recorder r;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "alibi/core/error.hpp"
@@ -87,6 +88,16 @@ inline layer_config decoder(const char* fn, index_t hidden, index_t heads, index
   return c;
 }
 
+/// The feed-forward width factor * hidden (factor and hidden > 0), refused with an error
+/// naming the field where the product does not fit in int64 (a signed overflow is undefined).
+inline index_t ff_width(const char* fn, const char* field, index_t factor, index_t hidden) {
+  if (hidden > std::numeric_limits<index_t>::max() / factor)
+    detail::raise(error(std::string(fn) + ": the feed-forward width " + field + " (" +
+                        detail::str(factor) + " x " + detail::str(hidden) +
+                        ") does not fit in a 64-bit index"));
+  return factor * hidden;
+}
+
 }  // namespace detail_family
 
 /// BLOOM (bigscience/bloom*, BloomForCausalLM): LayerNorm with bias (layer_norm_epsilon),
@@ -98,7 +109,8 @@ inline model_family bloom(index_t hidden_size, index_t n_head, index_t n_layer,
   model_family f;
   f.name = "bloom";
   f.layer = detail_family::decoder("alibi::families::bloom", hidden_size, n_head, n_layer);
-  f.layer.ff_dim = 4 * hidden_size;
+  f.layer.ff_dim =
+      detail_family::ff_width("alibi::families::bloom", "4 * hidden_size", 4, hidden_size);
   f.layer.act = activation::gelu_tanh;
   f.layer.norm_eps = layer_norm_epsilon;
   f.num_layers = n_layer;
@@ -135,7 +147,8 @@ inline model_family mpt(index_t d_model, index_t n_heads, index_t n_layers,
   f.layer.attention.kv_heads = kv_n_heads;
   f.layer.attention.bias = !no_bias;
   f.layer.attention.slopes.max_bias = alibi_bias_max;
-  f.layer.ff_dim = expansion_ratio * d_model;
+  f.layer.ff_dim = detail_family::ff_width("alibi::families::mpt", "expansion_ratio * d_model",
+                                           expansion_ratio, d_model);
   f.layer.ffn_bias = !no_bias;
   f.layer.norm_bias = !no_bias;
   f.num_layers = n_layers;
@@ -207,7 +220,8 @@ inline model_family falcon_rw(index_t hidden_size, index_t num_attention_heads,
   f.layer.attention.bias = bias;
   f.layer.attention.slopes.scale =
       static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  f.layer.ff_dim = 4 * hidden_size;
+  f.layer.ff_dim =
+      detail_family::ff_width("alibi::families::falcon_rw", "4 * hidden_size", 4, hidden_size);
   f.layer.ffn_bias = bias;
   f.layer.norm_eps = layer_norm_epsilon;
   f.num_layers = num_hidden_layers;
