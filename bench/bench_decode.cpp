@@ -5,7 +5,7 @@
 //
 // BM_read_ceiling: a vectorized sum over a 1 GiB buffer (far beyond the last-level cache),
 // split over `threads` of alibi's pool: the bytes per second a streaming kernel can read
-// (stream_sum: eight packet accumulators; before 2026-12-03's seventh session, Eigen's sum(),
+// (stream_sum: eight packet accumulators; before 2026-12-03, Eigen's sum(),
 // which read about a fifth less on this project's guest).
 // BM_read_prefetched: the same sum with a software prefetch of every line 2 KiB ahead, as
 // the decode steps with half-precision K/V request their next tile: what such requests cost.

@@ -105,7 +105,7 @@ void BM_ring(benchmark::State& state) {
   state.counters["peak_rss_MiB"] = peak_rss_mib();
 }
 
-/// The cost model's inputs (docs/mpi-cost-model.md), with 1 rank: one attention() call over
+/// The cost model's inputs (docs/mpi.md), with 1 rank: one attention() call over
 /// the whole problem, far-tile skipping off (the rate per computed score) and on (how far
 /// ALiBi reaches: the tiles computed), one thread (mpirun binds a rank to one core). Args: L,
 /// skip.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The MPI benchmarks and the cost model (docs/mpi-cost-model.md): runs bench/bench_mpi_ring
+# The MPI benchmarks and the cost model (docs/mpi.md): runs bench/bench_mpi_ring
 # under mpirun with 1-4 ranks (the calibration with 1, the ping-pong with 2, ring and
 # all-to-all with each, and one benchmark per process for the peak memory), writes the JSON
 # files into OUT_DIR, then prints the model's comparison and extrapolation tables and draws

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cost model of alibi::mpi (docs/mpi-cost-model.md): time and memory per rank of
+"""The cost model of alibi::mpi (docs/mpi.md): time and memory per rank of
 ring_attention (far-chunk skipping off and on) and alltoall_attention for P ranks, from
 calibration measured by bench/bench_mpi_ring (one-process rates, the reach of the ALiBi
 slopes, loopback bandwidth), checked against the 1-4 rank measurements of the same
@@ -166,7 +166,7 @@ def main():
     small = [b for name, b in pp.items() if "bytes:8/" in name][0]
     bw_here = big["bytes_per_second"]
     lat_here = seconds(small) / 2
-    copy_bw = 11.9e9  # memcpy, measured in bench/results/safetensors-2026-12-01
+    copy_bw = 11.9e9  # memcpy, measured in bench/results/2026-12-01-safetensors-load.csv
     here = Model(rate, reach_k, bw_here, lat_here, copy_bw)
     print("## Calibration (this machine)\n")
     print(f"- rate: {rate * 1e9:.3f} ns per score, one core ({4 * D / rate / 1e9:.1f} GFLOP/s "

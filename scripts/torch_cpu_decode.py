@@ -21,7 +21,7 @@ before each step, which also leaves none of the step's K/V in cache, as bench_de
 256 MiB before each of its steps) and of_ceiling.
 One process per thread count (OpenMP and OpenBLAS read their thread counts at start-up).
 Prints one line per case; --json writes Google Benchmark-style JSON; --compare reads
-alibi_bench_decode's JSON of the same session (--benchmark_out, with
+alibi_bench_decode's JSON from the same machine (--benchmark_out, with
 --benchmark_report_aggregates_only) and prints, per case, alibi's step time (K/V in fp32,
 fp16 and bf16, far-tile skipping off and with kept bounds) against PyTorch's.
 

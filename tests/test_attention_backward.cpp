@@ -581,7 +581,7 @@ TEST_CASE("backward far-tile skipping skips work and stays within its proven bou
   CHECK(off.tiles_skipped == 0);
   CHECK(on.tiles_skipped > on.tiles_computed / 4);
   CHECK(on.tiles_skipped + on.tiles_computed == off.tiles_computed);
-  // The bound (README, "Backward pass"): a row loses at most 2^-24 of its probability
+  // The bound (docs/far-tile-skipping.md, "In the backward pass"): a row loses at most 2^-24 of its probability
   // (2^-25 per side, each skipped weight at most 2^-25), |dP_ij - D_i| <= 2 |dO_i| max|v|.
   const double eps25 = std::ldexp(1.0, -25), scale = 1.0 / std::sqrt(32.0);
   double vmax = 0, kmax = 0;

@@ -435,10 +435,10 @@ status can_implement(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<T
   return detail::prepare(backend, q, k, v, out, params, prob, t);
 }
 
-/// ALiBi attention: out = softmax(scale * q k^T + bias + mask) v, per the contract in the
-/// README. The backend is chosen by the type of `backend`. q may have another element type
-/// than k and v where the backend implements the combination. Throws alibi::error for
-/// invalid arguments (the message names the argument and what was expected).
+/// ALiBi attention: out = softmax(scale * q k^T + bias + mask) v, per the contract in
+/// docs/contract.md. The backend is chosen by the type of `backend`. q may have another element
+/// type than k and v where the backend implements the combination. Throws alibi::error for invalid
+/// arguments (the message names the argument and what was expected).
 ///
 /// k is a (batch, kv_heads, k_len, head_dim) view, or, on the CPU backends, K in blocks of
 /// keys_per_block keys (alibi/core/key_blocks.hpp): a (batch, kv_heads, ceil(k_len / 16),

@@ -182,7 +182,7 @@ status can_implement_backward(const Backend& backend, tensor_view<TQ, 4> q, tens
 /// padded query rows is not read. Outputs must not alias inputs. With
 /// params.skip_far_tiles (the default), the fused backend skips (query tile, key tile)
 /// pairs whose total softmax weight is provably below 2^-25 per side of each row; the
-/// resulting change of the gradients is bounded in the README ("Backward pass"). Throws
+/// resulting change of the gradients is bounded in docs/far-tile-skipping.md ("In the backward pass"). Throws
 /// alibi::error for invalid arguments.
 template <class Backend, class TQ, class TK, class TV, class TO, class TD, class TG1, class TG2,
           class TG3, class Isa = detail::isa_tag>

@@ -87,7 +87,7 @@ struct forward_options {
   /// with a KV cache.
   tensor_view<const bool, 2> key_padding_mask{};
   /// Far-tile skipping in the fused attention (attention_params::skip_far_tiles): on by
-  /// default, with its bound of 2^-24 max|v| on the change; false computes every tile.
+  /// default (the guarantee: docs/far-tile-skipping.md); false computes every tile.
   bool skip_far_tiles = true;
   /// Optional profiling output.
   layer_timings* timings = nullptr;

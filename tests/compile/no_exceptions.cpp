@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Compiled (not run) by the "headers: ... -fno-exceptions" ctest test: with ALIBI_THROW
-// defined, the headers need no exceptions (README, Errors).
+// defined, the headers need no exceptions (docs/contract.md, Errors).
 #include <cstdio>
 #include <cstdlib>
 

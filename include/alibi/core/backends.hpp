@@ -18,7 +18,7 @@ namespace backend {
 
 /// A backend tag: a small struct carrying the backend's runtime state and naming its memory
 /// space. A new backend is one more tag here plus one folder under alibi/backend/ with
-/// the attention_impl (and layer_ops) specializations; see the README's architecture section.
+/// the attention_impl (and layer_ops) specializations; see docs/architecture.md.
 
 /// The oracle: materializes scores and bias, softmax, then multiplies by V, accumulating in
 /// double. Slow (O(L^2) memory); for tests and inspection. <alibi/backend/reference/attention.hpp>
@@ -42,7 +42,7 @@ struct eigen {
 /// tests and was faster than the dense kernel only from about skip_min_keys keys on; the
 /// committed form (cheaper side tests, coalesced key norms) has not run on a GPU yet
 /// (docs/journal/2026-12-design-measurements.md, "core/backends.hpp: cuda::skip_min_keys").
-/// See the README's CUDA section.
+/// See docs/cuda.md.
 struct cuda {
   using memory_space = device_space;
   CUstream_st* stream = nullptr;

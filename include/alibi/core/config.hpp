@@ -42,7 +42,7 @@
 // ALIBI_CPU_ISA: the name of the inline namespace that holds alibi's CPU code compiled for
 // this translation unit's instruction set and OpenMP setting. Translation units built with
 // different -march flags get differently named kernels, so the linker never merges an
-// AVX-512 kernel with a baseline one (see the README's architecture section). With -fopenmp
+// AVX-512 kernel with a baseline one (docs/architecture.md). With -fopenmp
 // the CPU code differs too (detail::parallel_for keeps Eigen's products single-threaded in
 // alibi's workers), so the name gains "_omp". Only the name depends on the flags.
 #if defined(__AVX512F__) && defined(__AVX512DQ__)

@@ -53,8 +53,9 @@ struct attention_params {
   tensor_view<float, 3> logsumexp{};
   /// Skip key tiles that ALiBi makes negligible: a tile is skipped only when a bound on the
   /// total softmax weight of it and every farther tile is below 2^-25 of the row's running
-  /// normalizer, so the output changes by less than 2^-24 max|v| (fp32 rounding). See the
-  /// README for the bound. false computes every tile.
+  /// normalizer, so the skipped tiles' contribution is below 2^-24 max|v|; on and off also sum
+  /// the kept tiles in different orders, so the two outputs differ by that plus fp32
+  /// reordering (docs/far-tile-skipping.md). false computes every tile.
   bool skip_far_tiles = true;
   /// Optional: counters of the tiles computed and skipped (fused CPU and CUDA backends; the
   /// CUDA backend waits for the call's stream to finish to fill them). Far-tile skipping is

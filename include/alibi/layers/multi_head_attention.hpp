@@ -30,7 +30,7 @@ namespace alibi {
 ///
 /// Training (CPU backends only): forward_train() runs the forward and fills an `activations`
 /// object with what backward() needs; backward() turns d loss / d out into the input
-/// gradients and the parameter gradients (see README "Training: layers backward").
+/// gradients and the parameter gradients (see docs/layers-and-models.md, "Training").
 template <class T, class Backend>
 class multi_head_attention {
   using ops = detail::layer_ops<Backend>;

@@ -624,7 +624,7 @@ namespace mpi {
 ///
 /// Far-chunk skipping (options.skip_far_chunks, params.skip_far_tiles, slopes on): each
 /// rank first computes each of its segments against itself; then, for every other pair, the
-/// far-tile bound (README, "Far-tile skipping") with each row's logsumexp so far, its query
+/// far-tile bound (docs/far-tile-skipping.md) with each row's logsumexp so far, its query
 /// norm, and the largest key norm (gathered from every rank) at or beyond the key segment on
 /// its side gives, per row and head, the distance from which the keys on that side weigh,
 /// all together, below 2^-25 of the row's normalizer. A pair beyond it for every row, head

@@ -15,8 +15,9 @@ namespace alibi {
 namespace detail {
 
 /// Natural log of the skip threshold: the skipped weight stays below 2^-25 of the row's
-/// running normalizer, so the output moves by less than 2^-24 max|v| (half an fp32 ulp of a
-/// unit output) even counting the bound's own fp32 slack.
+/// running normalizer, so the skipped contribution is below 2^-24 max|v| (half an fp32 ulp of a
+/// unit output) even counting the bound's own fp32 slack. The kept tiles are summed in
+/// another order than without skipping, which adds ordinary fp32 reordering rounding.
 inline constexpr double skip_log_epsilon = -25 * 0.69314718055994531;
 
 /// An upper bound on the norm of a key whose squared norm, summed in float from its D

@@ -64,7 +64,7 @@ inline backward_workspace& thread_backward_workspace() {
   return w;
 }
 
-/// The far-tile bound of the backward (README, "Backward pass"). The forward's logsumexp
+/// The far-tile bound of the backward (docs/far-tile-skipping.md, "In the backward pass"). The forward's logsumexp
 /// is the row's exact normalizer, so for a key tile entirely on one side of query row i,
 /// nearest distance dn, the weight of that tile and of every farther key on that side is
 ///   sum P_ij <= exp(|scale| |q_i| kmax - slope dn - lse_i) / (1 - exp(-slope))

@@ -262,7 +262,7 @@ struct host_layer_ops {
     });
   }
 
-  // ---- Training: the backward operations (CPU only; see README "Training: layers backward").
+  // ---- Training: the backward operations (CPU only; see docs/layers-and-models.md, "Training").
   // Every reduction has one fixed order whatever the thread count: threads own disjoint
   // output blocks (rows of dW, columns of db and of the LayerNorm parameter gradients), and a
   // sum over rows is never split between threads.
