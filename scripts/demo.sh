@@ -22,9 +22,9 @@ for example in slopes_and_bias quickstart transformer_layer greedy_decode attent
 done
 
 echo
-echo "== a quick run of the benchmark suite (scripts/bench-suite.sh --quick; lengths up to 1024)"
-scripts/bench-suite.sh --quick
+echo "== a quick run of the benchmark suite (bench/scripts/bench-suite.sh --quick; lengths up to 1024)"
+bench/scripts/bench-suite.sh --quick
 
 echo
-echo "== train short, test long, quick (scripts/extrapolation.sh --quick; the full run: scripts/extrapolation.sh)"
-scripts/extrapolation.sh --quick
+echo "== train short, test long, quick (experiments/extrapolation/extrapolation.sh --quick; the full run: experiments/extrapolation/extrapolation.sh)"
+experiments/extrapolation/extrapolation.sh --quick

@@ -14,11 +14,17 @@ stage() { echo "== [${SECONDS} s] $*"; }
 scripts/install-deps.sh
 jobs=$(nproc)
 build=${ALIBI_BUILD_DIR:-build}
+# ccache (installed by install-deps.sh) makes a second run on the same machine rebuild only the
+# translation units whose preprocessed source changed.
+launcher=()
+if command -v ccache > /dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 
 if [ "${ALIBI_SANITIZE_TESTS:-1}" != 0 ]; then
   asan=${build}-asan
   stage "sanitizers: configure and build the unit tests and the fuzzer"
-  cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DALIBI_SANITIZE=ON \
+  cmake -S . -B "$asan" -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Debug -DALIBI_SANITIZE=ON \
     -DALIBI_BUILD_BENCHMARKS=OFF -DALIBI_BUILD_EXAMPLES=OFF -DALIBI_CUDA=OFF
   cmake --build "$asan" --parallel "$jobs" --target alibi_tests alibi_fuzz
   stage "sanitizers: unit tests (all but the [heavy] grids, which the Release run covers)"
@@ -36,7 +42,7 @@ if [ "${ALIBI_SANITIZE_TESTS:-1}" != 0 ]; then
 fi
 
 stage "Release: configure and build every target"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B "$build" -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" --parallel "$jobs"
 stage "Release: every ctest test"
 ctest --test-dir "$build" --output-on-failure --parallel "$jobs"

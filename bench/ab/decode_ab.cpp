@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// In-process A/B of two versions of alibi's decode step (scripts/decode-ab.sh builds it):
+// In-process A/B of two versions of alibi's decode step (bench/scripts/decode-ab.sh builds it):
 // calls alternate between the versions (which goes first alternates too), each version's
 // streamed step (K/V from memory) and its arithmetic alone (a key stride of 0), with a read
 // of a 256 MiB buffer before each streamed step as the memory ceiling of that moment. Why: on this

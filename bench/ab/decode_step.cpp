@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // One decode call (one query token, 32 query heads, D 128, far-tile skipping off) through
-// alibi::attention, compiled once per version of alibi's headers by scripts/decode-ab.sh:
+// alibi::attention, compiled once per version of alibi's headers by bench/scripts/decode-ab.sh:
 // ALIBI_AB_STEP names this version's function, and the script gives each version's CPU code
 // its own inline namespace so that both live in one program.
 #include <alibi/alibi.hpp>

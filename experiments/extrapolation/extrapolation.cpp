@@ -4,7 +4,7 @@
 // sinusoidal, none) are trained on short windows of the King James Bible, then their test
 // perplexity is measured at 1..32 x the training length, with non-overlapping and sliding
 // windows. Then the ALiBi model is saved, reloaded, and generates text past its training
-// length through the KV cache. scripts/extrapolation.sh prepares the corpus and runs this.
+// length through the KV cache. experiments/extrapolation/extrapolation.sh prepares the corpus and runs this.
 //
 //   alibi_extrapolation CORPUS OUT_DIR [--quick] [--steps N] [--train-len L] [--batch B]
 //                       [--threads T]

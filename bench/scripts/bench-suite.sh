@@ -10,11 +10,11 @@
 #   --quick          lengths up to 1024, one repetition, no plots (what the demo runs; also
 #                    ALIBI_SUITE_QUICK=1), into <build>/suite-quick/
 #   --with-torch     install Debian's python3-torch if missing; the CPU peer (PyTorch's
-#                    BLOOM-style eager attention, scripts/torch_cpu_suite.py, L <= 8192) runs
+#                    BLOOM-style eager attention, bench/scripts/torch_cpu_suite.py, L <= 8192) runs
 #                    whenever torch imports, and is a line in the table and plots
 # The build directory is build unless ALIBI_BUILD_DIR says otherwise.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 quick=${ALIBI_SUITE_QUICK:-0}
 update=0
 with_torch=0
@@ -106,16 +106,16 @@ if "$py" -c "import torch" 2>/dev/null; then
   torch_args=(--out "$out/torch.json")
   [ "$quick" = 1 ] && torch_args+=(--lengths 128,256,512,1024 --repetitions 1)
   rc=0
-  "$py" scripts/torch_cpu_suite.py "${torch_args[@]}" 2>&1 | tee "$out/torch.log" || rc=$?
+  "$py" bench/scripts/torch_cpu_suite.py "${torch_args[@]}" 2>&1 | tee "$out/torch.log" || rc=$?
   if [ $rc -eq 0 ]; then jsons+=("$out/torch.json"); else echo "(PyTorch peer failed: see $out/torch.log)"; fi
 else
   echo "== CPU peer skipped: python3-torch is not installed (--with-torch installs it)"
 fi
 echo "== suite finished in $((SECONDS - start)) s"
 if [ "$quick" = 1 ]; then
-  "$py" scripts/suite_report.py "${jsons[@]}"
+  "$py" bench/scripts/suite_report.py "${jsons[@]}"
 else
   mkdir -p "$plot_dir"
-  "$py" scripts/suite_report.py "${jsons[@]}" --plots "$plot_dir"
+  "$py" bench/scripts/suite_report.py "${jsons[@]}" --plots "$plot_dir"
   echo "JSON in $out, plots in $plot_dir"
 fi

@@ -2,9 +2,9 @@
 # Same-run comparison of two alibi_bench binaries (e.g. before/after a change): for each
 # benchmark name pattern, the two binaries run alternately ROUNDS times (3 repetitions each,
 # median), and the script prints the median time of each and new/old.
-#   scripts/bench-compare.sh OLD_BIN NEW_BIN [ROUNDS] PATTERN...
+#   bench/scripts/bench-compare.sh OLD_BIN NEW_BIN [ROUNDS] PATTERN...
 # Example (build the old commit in a worktree first):
-#   scripts/bench-compare.sh /tmp/old/build/bench/alibi_bench build/bench/alibi_bench 4 \
+#   bench/scripts/bench-compare.sh /tmp/old/build/bench/alibi_bench build/bench/alibi_bench 4 \
 #     'BM_fused/64/1024/0/2/' 'BM_decode/32768/1/0'
 set -euo pipefail
 old=$1 new=$2

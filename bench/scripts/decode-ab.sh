@@ -3,12 +3,12 @@
 # (bench/ab/decode_ab.cpp says why): each version is a git revision, or "worktree" for the
 # headers as they are in this checkout.
 #
-#   scripts/decode-ab.sh REV_A REV_B type threads kv_heads layout [rounds] [k_len]
-#   e.g. scripts/decode-ab.sh HEAD~1 worktree 1 1 8 1 10
+#   bench/scripts/decode-ab.sh REV_A REV_B type threads kv_heads layout [rounds] [k_len]
+#   e.g. bench/scripts/decode-ab.sh HEAD~1 worktree 1 1 8 1 10
 #   type 0 fp32, 1 fp16, 2 bf16 K/V; layout 0 K as rows (heads outermost), 1 K in blocks,
 #   2 K and V with the tokens outermost; "A:B" (e.g. 0:2) runs REV_A with layout A and REV_B
 #   with layout B (worktree worktree ... 0:2 compares two layouts of one version)
-#   scripts/decode-ab.sh REV_A REV_B matrix [rounds]: k_len 32768, 1 and 2 threads, fp32 /
+#   bench/scripts/decode-ab.sh REV_A REV_B matrix [rounds]: k_len 32768, 1 and 2 threads, fp32 /
 #   fp16 / bf16 with 8 and 32 KV heads (K as rows), and fp16 / bf16 GQA-8 with K in blocks
 #
 # Both versions are compiled into one program, each with its CPU code (the ISA inline
@@ -23,7 +23,7 @@ fi
 rev_a=$1
 rev_b=$2
 shift 2
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=(-O3 -DNDEBUG -march=native -std=c++17 -isystem /usr/include/eigen3)

@@ -5,7 +5,7 @@ attention, with a read-bandwidth ceiling sampled in the same process; the cases 
 bench_decode's BM_decode_kv that PyTorch can run (fp32 and bf16 K/V; Debian's PyTorch has no
 CPU matrix product for fp16).
 
-The step, written here from BLOOM's description (scripts/torch_cpu_suite.py has the prefill
+The step, written here from BLOOM's description (bench/scripts/torch_cpu_suite.py has the prefill
 form): scores = baddbmm(alibi, q, K^T, alpha = 1/sqrt(d)), softmax in fp32, bmm with V. Given
 every advantage a careful user could give it: the ALiBi term (slope * key position, whose
 softmax equals alibi's -slope * distance for the newest token) is built once outside the
@@ -25,11 +25,11 @@ alibi_bench_decode's JSON from the same machine (--benchmark_out, with
 --benchmark_report_aggregates_only) and prints, per case, alibi's step time (K/V in fp32,
 fp16 and bf16, far-tile skipping off and with kept bounds) against PyTorch's.
 
-Reproduce (scripts/bench-suite.sh --with-torch installs python3-torch and OpenBLAS):
+Reproduce (bench/scripts/bench-suite.sh --with-torch installs python3-torch and OpenBLAS):
   build/bench/alibi_bench_decode --benchmark_filter='BM_decode_kv/(4096|32768)/(8|32)/[012]/[02]/[12]/' \
       --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true \
       --benchmark_report_aggregates_only=true --benchmark_out=alibi.json
-  /usr/bin/python3 scripts/torch_cpu_decode.py --json torch.json --compare alibi.json
+  /usr/bin/python3 bench/scripts/torch_cpu_decode.py --json torch.json --compare alibi.json
 (--torch-json torch.json --compare alibi.json prints the table again without running.)"""
 import argparse
 import json

@@ -14,12 +14,12 @@ Per case: the median time of `repetitions` calls (after one warm-up call) and th
 memory of one call, measured as the suite measures it (bench/suite.cpp): in a fresh process,
 the growth of the peak resident set (/proc/self/clear_refs "5", then VmHWM) over the resident
 set before the call, inputs not counted. Writes Google Benchmark-style JSON that
-scripts/suite_report.py reads beside alibi_suite's (name suite/pytorch_bloom_eager/L:../
+bench/scripts/suite_report.py reads beside alibi_suite's (name suite/pytorch_bloom_eager/L:../
 causal:../threads:..).
 
 Needs Debian's python3-torch, with OpenBLAS (libopenblas0-pthread) as libblas.so.3: Debian's
 torch calls whichever BLAS the alternatives system provides, and the default is the
-unoptimized reference BLAS (scripts/bench-suite.sh --with-torch installs both). The library
+unoptimized reference BLAS (bench/scripts/bench-suite.sh --with-torch installs both). The library
 actually loaded is recorded in the JSON context."""
 import argparse
 import json

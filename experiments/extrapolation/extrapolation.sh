@@ -10,7 +10,7 @@
 #   --train-len L    training window in bytes (default 64; the evaluation uses 1..32 x L)
 #   --batch B        windows per step (default 32)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 quick=0
 update=0
 train_len=64
@@ -50,7 +50,7 @@ echo "build and corpus: $(( $(date +%s) - start )) s"
 "$build/experiments/alibi_extrapolation" "$out/kjv.txt" "$out" --threads "$(nproc)" "${args[@]}" | tee "$out/log.txt"
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3
-"$py" scripts/plot-extrapolation.py "$out/extrapolation.json" "$out/extrapolation.png"
+"$py" experiments/extrapolation/plot-extrapolation.py "$out/extrapolation.json" "$out/extrapolation.png"
 if [ $update = 1 ]; then
   if [ $quick = 1 ]; then echo "--update-plots ignored with --quick" >&2; else
     for ext in png csv json; do cp "$out/extrapolation.$ext" "docs/plots/extrapolation$suffix.$ext"; done

@@ -4,9 +4,9 @@
 # all-to-all with each, and one benchmark per process for the peak memory), writes the JSON
 # files into OUT_DIR, then prints the model's comparison and extrapolation tables and draws
 # its plot (about 15 minutes on 2 cores):
-#   scripts/bench-mpi.sh [BUILD_DIR] [OUT_DIR] [PLOT.png]
+#   bench/scripts/bench-mpi.sh [BUILD_DIR] [OUT_DIR] [PLOT.png]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build}
 out=${2:-bench/results/mpi-$(date +%F)}
 plot=${3:-docs/plots/mpi_model.png}
@@ -33,4 +33,4 @@ done
 # Debian's interpreter, where python3-matplotlib lives (ALIBI_WITH_PLOTS=1 scripts/install-deps.sh).
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3
-"$py" scripts/mpi-cost-model.py "$out" "$plot" | tee "$out/model.md"
+"$py" bench/scripts/mpi-cost-model.py "$out" "$plot" | tee "$out/model.md"
