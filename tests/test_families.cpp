@@ -553,7 +553,8 @@ TEST_CASE("families: sizes whose feed-forward width overflows int64 are refused"
                           Catch::Contains("does not fit in a 64-bit index"));
   REQUIRE_THROWS_WITH(
       from_config(R"({"model_type": "mpt", "d_model": 4611686018427387904,
-        "n_heads": 16, "n_layers": 2, "expansion_ratio": 4})"),
+        "n_heads": 16, "n_layers": 2, "expansion_ratio": 4,
+        "attn_config": {"alibi": true}})"),
       Catch::Contains("alibi::families::mpt") && Catch::Contains("expansion_ratio * d_model"));
   REQUIRE_THROWS_AS(alibi::families::falcon_rw(index_t{1} << 62, 16, 2), alibi::error);
   // The largest width that fits is accepted.
