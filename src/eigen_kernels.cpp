@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // alibi::kernels: the eigen backend's kernels compiled once, for every element type the
 // backend takes. Translation units linked with the target (ALIBI_PRECOMPILED_KERNELS) see
-// only the declarations (backend/eigen/attention.hpp, attention_backward.hpp) and call these.
+// only the declarations (backend/eigen/attention.hpp) and call these.
 #include <Eigen/Core>
 
 #include "alibi/backend/eigen/attention_backward_kernel.hpp"
@@ -16,11 +16,9 @@ namespace detail {
 namespace cpu {
 inline namespace ALIBI_CPU_ISA {
 
-#define ALIBI_EIGEN_FORWARD_INSTANCE(...) template __VA_ARGS__;
-#define ALIBI_EIGEN_BACKWARD_INSTANCE(...) template __VA_ARGS__;
+#define ALIBI_EIGEN_INSTANCE(...) template __VA_ARGS__;
 #include "alibi/backend/eigen/instances.inc"
-#undef ALIBI_EIGEN_FORWARD_INSTANCE
-#undef ALIBI_EIGEN_BACKWARD_INSTANCE
+#undef ALIBI_EIGEN_INSTANCE
 
 }  // namespace ALIBI_CPU_ISA
 }  // namespace cpu

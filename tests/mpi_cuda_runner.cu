@@ -146,3 +146,8 @@ std::unique_ptr<runner> make_cuda_runner() { return std::make_unique<cuda_runner
 // template); their all-reduce staging is the host path's, which the staged_eigen tests run.
 template class alibi::mpi::tensor_parallel_layer<float, alibi::backend::cuda>;
 template class alibi::mpi::tensor_parallel_attention<float, alibi::backend::cuda>;
+// The modules' code lives in their shared base: instantiate it too.
+template class alibi::detail::mpi::tensor_parallel_base<
+    float, alibi::backend::cuda, alibi::transformer_layer, alibi::layer_config>;
+template class alibi::detail::mpi::tensor_parallel_base<
+    float, alibi::backend::cuda, alibi::multi_head_attention, alibi::mha_config>;

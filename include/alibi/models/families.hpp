@@ -98,6 +98,22 @@ inline index_t ff_width(const char* fn, const char* field, index_t factor, index
   return factor * hidden;
 }
 
+/// A layer's tensor names for a packed q/k/v projection (gate: the gated FFN's, or empty).
+inline checkpoint_names packed_names(qkv_packing packing, const char* qkv, const char* out,
+                                     const char* norm1, const char* norm2, const char* up,
+                                     const char* down, const char* gate = "") {
+  checkpoint_names n;
+  n.packing = packing;
+  n.qkv = qkv;
+  n.out = out;
+  n.norm1 = norm1;
+  n.norm2 = norm2;
+  n.up = up;
+  n.gate = gate;
+  n.down = down;
+  return n;
+}
+
 }  // namespace detail_family
 
 /// BLOOM (bigscience/bloom*, BloomForCausalLM): LayerNorm with bias (layer_norm_epsilon),
@@ -114,13 +130,9 @@ inline model_family bloom(index_t hidden_size, index_t n_head, index_t n_layer,
   f.layer.act = activation::gelu_tanh;
   f.layer.norm_eps = layer_norm_epsilon;
   f.num_layers = n_layer;
-  f.names.packing = qkv_packing::per_head;
-  f.names.qkv = "self_attention.query_key_value";
-  f.names.out = "self_attention.dense";
-  f.names.norm1 = "input_layernorm";
-  f.names.norm2 = "post_attention_layernorm";
-  f.names.up = "mlp.dense_h_to_4h";
-  f.names.down = "mlp.dense_4h_to_h";
+  f.names = detail_family::packed_names(
+      qkv_packing::per_head, "self_attention.query_key_value", "self_attention.dense",
+      "input_layernorm", "post_attention_layernorm", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h");
   f.root = "";
   f.layers = "h.";
   f.embedding = "word_embeddings";
@@ -152,13 +164,8 @@ inline model_family mpt(index_t d_model, index_t n_heads, index_t n_layers,
   f.layer.ffn_bias = !no_bias;
   f.layer.norm_bias = !no_bias;
   f.num_layers = n_layers;
-  f.names.packing = qkv_packing::concatenated;
-  f.names.qkv = "attn.Wqkv";
-  f.names.out = "attn.out_proj";
-  f.names.norm1 = "norm_1";
-  f.names.norm2 = "norm_2";
-  f.names.up = "ffn.up_proj";
-  f.names.down = "ffn.down_proj";
+  f.names = detail_family::packed_names(qkv_packing::concatenated, "attn.Wqkv", "attn.out_proj",
+                                        "norm_1", "norm_2", "ffn.up_proj", "ffn.down_proj");
   f.root = "transformer.";
   f.layers = "blocks.";
   f.embedding = "wte";
@@ -188,14 +195,9 @@ inline model_family baichuan(index_t hidden_size, index_t num_attention_heads,
   f.layer.norm_bias = false;
   f.layer.norm_eps = rms_norm_eps;
   f.num_layers = num_hidden_layers;
-  f.names.packing = qkv_packing::concatenated;
-  f.names.qkv = "self_attn.W_pack";
-  f.names.out = "self_attn.o_proj";
-  f.names.norm1 = "input_layernorm";
-  f.names.norm2 = "post_attention_layernorm";
-  f.names.up = "mlp.up_proj";
-  f.names.gate = "mlp.gate_proj";
-  f.names.down = "mlp.down_proj";
+  f.names = detail_family::packed_names(
+      qkv_packing::concatenated, "self_attn.W_pack", "self_attn.o_proj", "input_layernorm",
+      "post_attention_layernorm", "mlp.up_proj", "mlp.down_proj", "mlp.gate_proj");
   f.root = "model.";
   f.layers = "layers.";
   f.embedding = "embed_tokens";
@@ -225,13 +227,9 @@ inline model_family falcon_rw(index_t hidden_size, index_t num_attention_heads,
   f.layer.ffn_bias = bias;
   f.layer.norm_eps = layer_norm_epsilon;
   f.num_layers = num_hidden_layers;
-  f.names.packing = qkv_packing::per_head;
-  f.names.qkv = "self_attention.query_key_value";
-  f.names.out = "self_attention.dense";
-  f.names.norm1 = "input_layernorm";
-  f.names.norm2 = "post_attention_layernorm";
-  f.names.up = "mlp.dense_h_to_4h";
-  f.names.down = "mlp.dense_4h_to_h";
+  f.names = detail_family::packed_names(
+      qkv_packing::per_head, "self_attention.query_key_value", "self_attention.dense",
+      "input_layernorm", "post_attention_layernorm", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h");
   f.root = "transformer.";
   f.layers = "h.";
   f.embedding = "word_embeddings";

@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "alibi/attention.hpp"
+#include "alibi/core/bias.hpp"
 #include "alibi/core/error.hpp"
+#include "alibi/core/slopes.hpp"
 #include "alibi/core/tensor_view.hpp"
 #include "alibi/layer_config.hpp"
 #include "alibi/mpi/comm.hpp"
@@ -110,6 +112,20 @@ class agreement {
   std::vector<std::int64_t> compared_, own_;
 };
 
+/// The mask's words (causal, windows), which every rank must pass alike.
+inline void add_mask_words(agreement& a, const mask_spec& mask) {
+  a.compare("mask.causal", mask.causal ? 1 : 0);
+  a.compare("mask.window_left", mask.window_left);
+  a.compare("mask.window_right", mask.window_right);
+}
+
+/// The generated slopes' words (whether ALiBi is on, max_bias, scale).
+inline void add_slope_words(agreement& a, const slope_config& slopes) {
+  a.compare("slopes.enabled", slopes.enabled ? 1 : 0);
+  a.compare("slopes.max_bias", float_bits(slopes.max_bias));
+  a.compare("slopes.scale", float_bits(slopes.scale));
+}
+
 /// This rank's own check of an attention call's arguments (ring, all-to-all): empty, or what
 /// it refuses. `extra_error`, a function's own refusal, comes after the common checks.
 template <class Backend>
@@ -195,14 +211,10 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   a.compare("kv heads", k.extents[1]);
   a.compare("head_dim", q.extents[3]);
   a.compare("v_head_dim", v.extents[3]);
-  a.compare("mask.causal", params.mask.causal ? 1 : 0);
-  a.compare("mask.window_left", params.mask.window_left);
-  a.compare("mask.window_right", params.mask.window_right);
+  add_mask_words(a, params.mask);
   a.compare("whether scale is set", params.scale ? 1 : 0);
   a.compare("scale", params.scale ? float_bits(*params.scale) : 0);
-  a.compare("slopes.enabled", params.slopes.enabled ? 1 : 0);
-  a.compare("slopes.max_bias", float_bits(params.slopes.max_bias));
-  a.compare("slopes.scale", float_bits(params.slopes.scale));
+  add_slope_words(a, params.slopes);
   a.compare("slopes.global_heads", params.slopes.global_heads);
   a.compare("slopes.head_offset", params.slopes.head_offset);
   a.compare("skip_far_tiles", params.skip_far_tiles ? 1 : 0);
@@ -222,6 +234,16 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
       raise(error(fn + ": params.k_lengths(" + str(b) + ") = " + str(hp.k_lengths(b)) +
                   " is longer than the sequence (" + str(total) + " rows over the ranks)"));
   return lengths;
+}
+
+/// After agree (lengths: every rank's row count): an alibi::error on every rank unless every
+/// rank holds the same number of rows; `rule` says which rule asks it.
+inline void require_equal_rows(const std::string& fn, const char* rule,
+                               const std::vector<index_t>& lengths) {
+  for (std::size_t r = 1; r < lengths.size(); ++r)
+    if (lengths[r] != lengths[0])
+      raise(error(fn + ": " + rule + ": rank 0 has " + str(lengths[0]) + ", rank " +
+                  std::to_string(r) + " has " + str(lengths[r])));
 }
 
 /// A tensor-parallel module's configuration, which every rank must build alike: defaults
@@ -245,9 +267,7 @@ inline void add_module_words(agreement& a, const mha_config& attn, const layer_c
                             4 * ((layer->ffn_bias ? 1 : 0) + 2 * (layer->norm_bias ? 1 : 0))))));
   a.compare("the norm, FFN, activation and bias settings", settings);
   a.compare("norm_eps", layer ? float_bits(layer->norm_eps) : 0);
-  a.compare("slopes.enabled", attn.slopes.enabled ? 1 : 0);
-  a.compare("slopes.max_bias", float_bits(attn.slopes.max_bias));
-  a.compare("slopes.scale", float_bits(attn.slopes.scale));
+  add_slope_words(a, attn.slopes);
   a.compare("scale", attn.scale ? float_bits(*attn.scale) + 1 : 0);
 }
 
@@ -258,9 +278,7 @@ template <class X>
 void add_forward_words(agreement& a, const X& x, const forward_options& opt, bool with_cache) {
   a.compare("batch", x.extents[0]);
   a.compare("sequence length", x.extents[1]);
-  a.compare("mask.causal", opt.mask.causal ? 1 : 0);
-  a.compare("mask.window_left", opt.mask.window_left);
-  a.compare("mask.window_right", opt.mask.window_right);
+  add_mask_words(a, opt.mask);
   a.compare("skip_far_tiles", opt.skip_far_tiles ? 1 : 0);
   a.compare("q_lengths", view_hash(opt.q_lengths, opt.q_lengths.extents[0], 1));
   a.compare("k_lengths", view_hash(opt.k_lengths, opt.k_lengths.extents[0], 1));

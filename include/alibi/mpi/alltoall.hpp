@@ -26,6 +26,45 @@ namespace alibi {
 namespace detail {
 namespace mpi {
 
+/// One MPI_Alltoall of P blocks of `block` floats: fill(send) writes the send buffer (block
+/// p for rank p); returns the receive buffer (block p from rank p).
+template <class Fill>
+std::vector<float> exchange_blocks(MPI_Comm comm, std::size_t block, int P, const char* what,
+                                   Fill&& fill) {
+  std::vector<float> send(block * static_cast<std::size_t>(P)), recv(send.size());
+  fill(send.data());
+  check_mpi(MPI_Alltoall(send.data(), static_cast<int>(block), MPI_FLOAT, recv.data(),
+                         static_cast<int>(block), MPI_FLOAT, comm),
+            what);
+  return recv;
+}
+
+/// P blocks of (B, h, n, d) floats, block p holding rows of heads [p h, (p + 1) h): f(b,
+/// head, i, offset) for row i of each head, at `offset` in the blocks.
+template <class F>
+void for_each_block_row(index_t B, index_t n, int P, index_t h, index_t d, F&& f) {
+  const std::size_t block = static_cast<std::size_t>(B * h * n * d);
+  for (int p = 0; p < P; ++p)
+    for (index_t b = 0; b < B; ++b)
+      for (index_t j = 0; j < h; ++j)
+        for (index_t i = 0; i < n; ++i)
+          f(b, p * h + j, i, p * block + static_cast<std::size_t>(((b * h + j) * n + i) * d));
+}
+
+/// The runs of n rows of d floats that P blocks of (B, h, n, d) (block p: rows [p n, (p + 1)
+/// n)) and the whole sequences (B, h, n P, d) share: f(offset in the blocks, offset in the
+/// whole sequences, floats) for each.
+template <class F>
+void for_each_block_run(index_t B, index_t n, int P, index_t h, index_t d, F&& f) {
+  const index_t L = n * P;
+  const std::size_t block = static_cast<std::size_t>(B * h * n * d);
+  for (int p = 0; p < P; ++p)
+    for (index_t b = 0; b < B; ++b)
+      for (index_t j = 0; j < h; ++j)
+        f(p * block + static_cast<std::size_t>((b * h + j) * n * d),
+          static_cast<std::size_t>(((b * h + j) * L + p * n) * d), static_cast<std::size_t>(n * d));
+}
+
 /// Sequence -> heads, for t (B, P h_per, n, d), this rank's rows of every head: block p of
 /// the send buffer is this rank's rows of rank p's heads, (B, h_per, n, d); block p of the
 /// receive buffer is rank p's rows of this rank's heads, which are rows [p n, (p + 1) n) of
@@ -33,25 +72,20 @@ namespace mpi {
 /// d).
 inline std::vector<float> rows_to_heads(MPI_Comm comm, const tensor_view<const float, 4>& t,
                                         index_t B, index_t n, int P, index_t h_per, index_t d) {
-  const index_t L = n * P;
   const std::size_t block = static_cast<std::size_t>(B * h_per * n * d);
-  std::vector<float> send(block * static_cast<std::size_t>(P)), recv(send.size());
-  for (int p = 0; p < P; ++p)
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < h_per; ++h)
-        for (index_t i = 0; i < n; ++i)
-          std::memcpy(send.data() + p * block + ((b * h_per + h) * n + i) * d,
-                      t.ptr(b, p * h_per + h, i), static_cast<std::size_t>(d) * sizeof(float));
-  check_mpi(MPI_Alltoall(send.data(), static_cast<int>(block), MPI_FLOAT, recv.data(),
-                         static_cast<int>(block), MPI_FLOAT, comm),
-            "MPI_Alltoall (sequence to heads)");
-  std::vector<float> whole(send.size());  // (batch, h_per, L, d)
-  for (int p = 0; p < P; ++p)
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < h_per; ++h)
-        std::memcpy(whole.data() + ((b * h_per + h) * L + p * n) * d,
-                    recv.data() + p * block + ((b * h_per + h) * n) * d,
-                    static_cast<std::size_t>(n * d) * sizeof(float));
+  const std::vector<float> recv =
+      exchange_blocks(comm, block, P, "MPI_Alltoall (sequence to heads)", [&](float* send) {
+        for_each_block_row(B, n, P, h_per, d,
+                           [&](index_t b, index_t head, index_t i, std::size_t at) {
+                             std::memcpy(send + at, t.ptr(b, head, i),
+                                         static_cast<std::size_t>(d) * sizeof(float));
+                           });
+      });
+  std::vector<float> whole(recv.size());  // (batch, h_per, L, d)
+  for_each_block_run(
+      B, n, P, h_per, d, [&](std::size_t in_blocks, std::size_t in_whole, std::size_t count) {
+        std::memcpy(whole.data() + in_whole, recv.data() + in_blocks, count * sizeof(float));
+      });
   return whole;
 }
 
@@ -61,23 +95,17 @@ inline std::vector<float> rows_to_heads(MPI_Comm comm, const tensor_view<const f
 template <class Store>
 void heads_to_rows(MPI_Comm comm, const std::vector<float>& whole, index_t B, index_t n, int P,
                    index_t hq, index_t d, Store&& store) {
-  const index_t L = n * P;
   const std::size_t block = static_cast<std::size_t>(B * hq * n * d);
-  std::vector<float> send(block * static_cast<std::size_t>(P)), recv(send.size());
-  for (int r = 0; r < P; ++r)
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < hq; ++h)
-        std::memcpy(send.data() + r * block + ((b * hq + h) * n) * d,
-                    whole.data() + ((b * hq + h) * L + r * n) * d,
-                    static_cast<std::size_t>(n * d) * sizeof(float));
-  check_mpi(MPI_Alltoall(send.data(), static_cast<int>(block), MPI_FLOAT, recv.data(),
-                         static_cast<int>(block), MPI_FLOAT, comm),
-            "MPI_Alltoall (heads to sequence)");
-  for (int r = 0; r < P; ++r)
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < hq; ++h)
-        for (index_t i = 0; i < n; ++i)
-          store(b, r * hq + h, i, recv.data() + r * block + ((b * hq + h) * n + i) * d);
+  const std::vector<float> recv =
+      exchange_blocks(comm, block, P, "MPI_Alltoall (heads to sequence)", [&](float* send) {
+        for_each_block_run(
+            B, n, P, hq, d, [&](std::size_t in_blocks, std::size_t in_whole, std::size_t count) {
+              std::memcpy(send + in_blocks, whole.data() + in_whole, count * sizeof(float));
+            });
+      });
+  for_each_block_row(B, n, P, hq, d, [&](index_t b, index_t head, index_t i, std::size_t at) {
+    store(b, head, i, recv.data() + at);
+  });
 }
 
 /// The slopes of this rank's heads [rank hq, (rank + 1) hq) of P hq: its columns of caller
@@ -131,11 +159,7 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
   // 2 for the layout word: no ring layout, its own kind of call.
   const std::vector<index_t> lengths =
       dm::agree(comm, fn, backend, q, k, v, out, lse, params, host, 2, false, refusal);
-  for (int r = 1; r < P; ++r)
-    if (lengths[static_cast<std::size_t>(r)] != lengths[0])
-      alibi::detail::raise(error(fn + ": every rank must hold the same number of rows: rank 0 " +
-                                 "has " + str(lengths[0]) + ", rank " + std::to_string(r) +
-                                 " has " + str(lengths[static_cast<std::size_t>(r)])));
+  dm::require_equal_rows(fn, "every rank must hold the same number of rows", lengths);
   const index_t B = q.extents[0], n = q.extents[2], L = n * P, Hq_all = q.extents[1];
   const index_t hq = q.extents[1] / P, hkv = k.extents[1] / P;  // heads per rank
   const index_t Dk = q.extents[3], Dv = v.extents[3];

@@ -104,13 +104,7 @@ class ring_call {
                         str(q_.extents[2])
                   : std::string());
     if (zigzag)
-      for (int r = 1; r < P_; ++r)
-        if (lengths[static_cast<std::size_t>(r)] != lengths[0])
-          raise(error(fn_ +
-                      ": the zigzag layout needs the same rows on every rank: "
-                      "rank 0 has " +
-                      str(lengths[0]) + ", rank " + std::to_string(r) + " has " +
-                      str(lengths[static_cast<std::size_t>(r)])));
+      require_equal_rows(fn_, "the zigzag layout needs the same rows on every rank", lengths);
     return lengths;
   }
 

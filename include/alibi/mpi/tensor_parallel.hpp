@@ -144,24 +144,17 @@ std::string tp_local_check(const tensor_view<const T, 3>& x, const tensor_view<T
   return {};
 }
 
-/// What both tensor-parallel modules share: the communicator and this rank's slice, the
-/// shard (Module<T, Backend>, built from the full configuration after every rank agreed on
-/// it), the agreement of every forward call and the all-reduce staging.
+/// Both tensor-parallel modules (tensor_parallel_layer, tensor_parallel_attention: Config
+/// says which): the communicator and this rank's slice, the shard (Module<T, Backend>, built
+/// from the full configuration after every rank agreed on it), the agreement of every
+/// forward call and the all-reduce staging.
 template <class T, class Backend, template <class, class> class Module, class Config>
 class tensor_parallel_base {
  public:
-  tensor_parallel_base(const tensor_parallel_base&) = delete;  // the shard's hook holds this
-  tensor_parallel_base& operator=(const tensor_parallel_base&) = delete;
-
-  /// This rank's part: {rank, ranks} of the communicator.
-  const tensor_parallel_slice& slice() const { return slice_; }
-  /// This rank's shard (its parameters are this rank's slices; set or load them there).
-  Module<T, Backend>& shard() { return *shard_; }
-  const Module<T, Backend>& shard() const { return *shard_; }
-
- protected:
-  tensor_parallel_base(MPI_Comm comm, const Config& config, const Backend& backend, const char* fn)
-      : comm_(comm), backend_(backend), slice_(slice_of(comm)), fn_(fn) {
+  /// Every rank constructs it with the same full configuration: its shard, whose
+  /// row-parallel output rank 0 adds the row-parallel biases (and the layer's residual) to.
+  tensor_parallel_base(MPI_Comm comm, const Config& config, const Backend& backend = Backend{})
+      : comm_(comm), backend_(backend), slice_(slice_of(comm)), fn_(module_name(config)) {
     agreement a;
     module_words(a, config);
     std::string local_error;
@@ -171,7 +164,39 @@ class tensor_parallel_base {
       local_error = fn_ + ": " + e.what();
     }
     a.check(comm_, fn_, local_error);
+    if constexpr (out_reduced)
+      shard_->set_output_bias(slice_.rank == 0);
+    else
+      shard_->set_partial_sums([this](T* rows, index_t ld, index_t count,
+                                      index_t cols) { reduce(rows, ld, count, cols); },
+                               slice_.rank == 0);
   }
+  tensor_parallel_base(const tensor_parallel_base&) = delete;  // the shard's hook holds this
+  tensor_parallel_base& operator=(const tensor_parallel_base&) = delete;
+
+  /// This rank's part: {rank, ranks} of the communicator.
+  const tensor_parallel_slice& slice() const { return slice_; }
+  /// This rank's shard (its parameters are this rank's slices; set or load them there).
+  Module<T, Backend>& shard() { return *shard_; }
+  const Module<T, Backend>& shard() const { return *shard_; }
+
+  /// The module's forward of x (batch, seq, embed_dim), the same on every rank -> out (same
+  /// shape, on every rank).
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
+    forward_call(x, out, opt, false, [&] { shard_->forward(x, out, opt); });
+  }
+  /// Incremental decoding: each rank's cache holds its shard's kv heads.
+  template <class S>
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
+               const forward_options& opt = {}) {
+    forward_call(x, out, opt, true, [&] { shard_->forward(x, out, cache, opt); });
+  }
+
+ protected:
+  /// The attention module's shard leaves its output's all-reduce to forward (out_reduced);
+  /// the Transformer layer's makes its two (attention, FFN) through its partial-sums hook.
+  static constexpr bool out_reduced = std::is_same<Config, mha_config>::value;
+  static constexpr int reductions_per_call = out_reduced ? 1 : 2;
 
   /// Before a forward: the ranks agree on the call (and each checks its own tensors).
   void agree_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
@@ -228,10 +253,32 @@ class tensor_parallel_base {
     }
   }
 
+  /// One forward call: the ranks agree on it, then run the shard's forward
+  /// (shard_forward) and, for the attention module, the all-reduce of out.
+  template <class F>
+  void forward_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
+                    const forward_options& opt, bool cache, F&& shard_forward) {
+    agree_call(x, out, opt, cache);
+    run(x, reductions_per_call, [&] {
+      shard_forward();
+      if constexpr (out_reduced) {
+        const index_t E = embed_dim(shard_->config());
+        const index_t ld = alibi::detail::row_stride((fn_ + "::forward").c_str(), "out", out, E);
+        reduce(out.data, ld, out.extents[0] * out.extents[1], E);
+      }
+    });
+  }
+
   static void module_words(agreement& a, const layer_config& c) {
     add_module_words(a, c.attention, &c);
   }
   static void module_words(agreement& a, const mha_config& c) { add_module_words(a, c, nullptr); }
+  static const char* module_name(const layer_config&) {
+    return "alibi::mpi::tensor_parallel_layer";
+  }
+  static const char* module_name(const mha_config&) {
+    return "alibi::mpi::tensor_parallel_attention";
+  }
   static index_t embed_dim(const layer_config& c) { return c.attention.embed_dim; }
   static index_t embed_dim(const mha_config& c) { return c.embed_dim; }
 
@@ -244,6 +291,14 @@ class tensor_parallel_base {
   int reductions_ = 0;   // the all-reduces of the forward call under way
   bool reduce_raised_ = false;
 };
+
+/// The bases of alibi::mpi::tensor_parallel_layer and tensor_parallel_attention.
+template <class T, class Backend>
+using tensor_parallel_layer_base =
+    tensor_parallel_base<T, Backend, transformer_layer, layer_config>;
+template <class T, class Backend>
+using tensor_parallel_attention_base =
+    tensor_parallel_base<T, Backend, multi_head_attention, mha_config>;
 
 }  // namespace mpi
 }  // namespace detail
@@ -269,31 +324,9 @@ namespace mpi {
 /// use, or tensors one rank refuses (one MPI_Allgather of a few words per call) are an
 /// alibi::error on every rank. What each rank's KV cache holds is its own (build them alike).
 template <class T, class Backend>
-class tensor_parallel_layer
-    : public detail::mpi::tensor_parallel_base<T, Backend, transformer_layer, layer_config> {
-  using base = detail::mpi::tensor_parallel_base<T, Backend, transformer_layer, layer_config>;
-
+class tensor_parallel_layer : public detail::mpi::tensor_parallel_layer_base<T, Backend> {
  public:
-  tensor_parallel_layer(MPI_Comm comm, const layer_config& config,
-                        const Backend& backend = Backend{})
-      : base(comm, config, backend, "alibi::mpi::tensor_parallel_layer") {
-    this->shard_->set_partial_sums([this](T* rows, index_t ld, index_t count,
-                                          index_t cols) { this->reduce(rows, ld, count, cols); },
-                                   this->slice_.rank == 0);
-  }
-
-  /// x (batch, seq, embed_dim), the same on every rank -> out (same shape, on every rank).
-  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
-    this->agree_call(x, out, opt, false);
-    this->run(x, 2, [&] { this->shard_->forward(x, out, opt); });
-  }
-  /// Incremental decoding: each rank's cache holds its shard's kv heads.
-  template <class S>
-  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
-               const forward_options& opt = {}) {
-    this->agree_call(x, out, opt, true);
-    this->run(x, 2, [&] { this->shard_->forward(x, out, cache, opt); });
-  }
+  using detail::mpi::tensor_parallel_layer_base<T, Backend>::tensor_parallel_layer_base;
 };
 
 /// Multi-head attention split over the ranks of `comm` by heads (Megatron): rank r holds
@@ -303,43 +336,9 @@ class tensor_parallel_layer
 /// MPI_Allreduce, rank 0 adding out_proj.bias. Parameters: set the shard's (its
 /// parameters() lists this rank's shapes). Same rules as tensor_parallel_layer.
 template <class T, class Backend>
-class tensor_parallel_attention
-    : public detail::mpi::tensor_parallel_base<T, Backend, multi_head_attention, mha_config> {
-  using base = detail::mpi::tensor_parallel_base<T, Backend, multi_head_attention, mha_config>;
-
+class tensor_parallel_attention : public detail::mpi::tensor_parallel_attention_base<T, Backend> {
  public:
-  tensor_parallel_attention(MPI_Comm comm, const mha_config& config,
-                            const Backend& backend = Backend{})
-      : base(comm, config, backend, "alibi::mpi::tensor_parallel_attention") {
-    this->shard_->set_output_bias(this->slice_.rank == 0);
-  }
-
-  /// Self-attention of x (batch, seq, embed_dim), the same on every rank -> out.
-  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
-    this->agree_call(x, out, opt, false);
-    this->run(x, 1, [&] {
-      this->shard_->forward(x, out, opt);
-      reduce_out(out);
-    });
-  }
-  /// Incremental decoding: each rank's cache holds its shard's kv heads.
-  template <class S>
-  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
-               const forward_options& opt = {}) {
-    this->agree_call(x, out, opt, true);
-    this->run(x, 1, [&] {
-      this->shard_->forward(x, out, cache, opt);
-      reduce_out(out);
-    });
-  }
-
- private:
-  void reduce_out(const tensor_view<T, 3>& out) {
-    const index_t E = this->shard_->config().embed_dim;
-    const index_t ld =
-        alibi::detail::row_stride("alibi::mpi::tensor_parallel_attention::forward", "out", out, E);
-    this->reduce(out.data, ld, out.extents[0] * out.extents[1], E);
-  }
+  using detail::mpi::tensor_parallel_attention_base<T, Backend>::tensor_parallel_attention_base;
 };
 
 }  // namespace mpi

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "alibi/attention.hpp"
+#include "alibi/attention_backward.hpp"
 #include "alibi/core/half_types.hpp"
 #include "alibi/merge.hpp"
 
@@ -31,6 +32,12 @@ template <class TKV>
 void attention_kernel(int threads, const attention_problem& p, const tensor_view<const float, 4>& q,
                       const tensor_view<const TKV, 4>& k, const tensor_view<const TKV, 4>& v,
                       const tensor_view<float, 4>& out, const tensor_view<const TKV, 5>& k_blocks);
+
+/// dq, dk, dv (and dslopes) of one checked call (attention_backward_kernel.hpp; compiled in
+/// alibi::kernels for T = float, the only type it takes).
+template <class T>
+void backward_kernel(int threads, const attention_problem& p,
+                     const attention_backward_tensors<T, T, T, T>& t);
 
 /// merge_partials on the thread pool (attention_kernel.hpp; compiled in alibi::kernels for
 /// T = float and double, the output types a program merges: other types need the header-only
@@ -80,11 +87,9 @@ namespace detail {
 namespace cpu {
 inline namespace ALIBI_CPU_ISA {
 // Compiled in alibi::kernels (src/eigen_kernels.cpp), never here.
-#define ALIBI_EIGEN_FORWARD_INSTANCE(...) extern template __VA_ARGS__;
-#define ALIBI_EIGEN_BACKWARD_INSTANCE(...)
+#define ALIBI_EIGEN_INSTANCE(...) extern template __VA_ARGS__;
 #include "alibi/backend/eigen/instances.inc"
-#undef ALIBI_EIGEN_FORWARD_INSTANCE
-#undef ALIBI_EIGEN_BACKWARD_INSTANCE
+#undef ALIBI_EIGEN_INSTANCE
 }  // namespace ALIBI_CPU_ISA
 }  // namespace cpu
 }  // namespace detail

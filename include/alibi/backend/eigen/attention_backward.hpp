@@ -12,17 +12,6 @@
 
 namespace alibi {
 namespace detail {
-namespace cpu {
-inline namespace ALIBI_CPU_ISA {
-
-/// dq, dk, dv (and dslopes) of one checked call (attention_backward_kernel.hpp; compiled in
-/// alibi::kernels for T = float, the only type it takes).
-template <class T>
-void backward_kernel(int threads, const attention_problem& p,
-                     const attention_backward_tensors<T, T, T, T>& t);
-
-}  // namespace ALIBI_CPU_ISA
-}  // namespace cpu
 
 template <>
 struct attention_backward_impl<backend::eigen> {
@@ -55,21 +44,6 @@ struct attention_backward_impl<backend::eigen> {
 }  // namespace detail
 }  // namespace alibi
 
-#if defined(ALIBI_PRECOMPILED_KERNELS)
-namespace alibi {
-namespace detail {
-namespace cpu {
-inline namespace ALIBI_CPU_ISA {
-// Compiled in alibi::kernels (src/eigen_kernels.cpp), never here.
-#define ALIBI_EIGEN_FORWARD_INSTANCE(...)
-#define ALIBI_EIGEN_BACKWARD_INSTANCE(...) extern template __VA_ARGS__;
-#include "alibi/backend/eigen/instances.inc"
-#undef ALIBI_EIGEN_FORWARD_INSTANCE
-#undef ALIBI_EIGEN_BACKWARD_INSTANCE
-}  // namespace ALIBI_CPU_ISA
-}  // namespace cpu
-}  // namespace detail
-}  // namespace alibi
-#else
+#if !defined(ALIBI_PRECOMPILED_KERNELS)
 #include "alibi/backend/eigen/attention_backward_kernel.hpp"
 #endif
