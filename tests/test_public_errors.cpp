@@ -15,6 +15,7 @@
 namespace {
 
 using alibi::index_t;
+using Catch::Contains;
 
 /// "alibi::error: <message>", or the other exception's type and message, or "no exception".
 template <class F>
@@ -55,4 +56,18 @@ TEST_CASE("kv_cache sequence indices are checked as arguments", "[errors]") {
     CHECK_THAT(outcome([&] { cache.truncate(b, 0); }),
                Catch::StartsWith("alibi::error: alibi::kv_cache::truncate: b"));
   }
+}
+
+TEST_CASE("kv_cache sizes whose products overflow are alibi::error", "[errors]") {
+  using cpu = alibi::backend::eigen;
+  const index_t big = index_t(1) << 62;
+  REQUIRE_THROWS_AS((alibi::kv_cache<float, cpu>(cpu{1}, 3, big, 1, 1)), alibi::error);
+  REQUIRE_THROWS_WITH((alibi::kv_cache<float, cpu>(cpu{1}, 3, big, 1, 1)), Contains("capacity"));
+  // kv_heads * head_dim alone wraps to 0 (no allocation at all before the fix).
+  REQUIRE_THROWS_AS((alibi::kv_cache<float, cpu>(cpu{1}, 1, 1, index_t(1) << 32, index_t(1) << 32)),
+                    alibi::error);
+  // The element count fits in int64 but its bytes do not.
+  REQUIRE_THROWS_WITH((alibi::kv_cache<float, cpu>(cpu{1}, 1, index_t(1) << 62, 1, 1)),
+                      Contains("capacity"));
+  REQUIRE_NOTHROW(alibi::kv_cache<float, cpu>(cpu{1}, 2, 16, 2, 8));
 }

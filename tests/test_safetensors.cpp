@@ -325,3 +325,23 @@ TEST_CASE("safetensors: overlapping tensors, bad numbers and bad JSON are clear 
   REQUIRE(safetensors::parse(w.bytes()).to_float("quote\"back\\slash\ttab") ==
           std::vector<float>{2});
 }
+
+TEST_CASE("safetensors byte sizes that wrap are refused", "[safetensors]") {
+  using alibi::safetensors;
+  const auto with_header = alibi_test::safetensors_bytes;
+  // 2^31 * 2^31 elements * 4 bytes = 2^64 bytes, which wrapped to 0 = end - begin.
+  REQUIRE_THROWS_WITH(
+      safetensors::parse(
+          with_header(
+              R"({"w":{"dtype":"F32","shape":[2147483648,2147483648],"data_offsets":[0,0]}})", 0),
+          "huge.safetensors"),
+      Contains("huge.safetensors") && Contains("tensor 'w'") && Contains("overflow"));
+  REQUIRE_THROWS_AS(
+      safetensors::parse(with_header(
+          R"({"w":{"dtype":"F64","shape":[4,4611686018427387904],"data_offsets":[0,0]}})", 0)),
+      alibi::error);
+  // The writer's element count is checked too.
+  alibi::safetensors_writer w;
+  REQUIRE_THROWS_WITH(w.add("w", {index_t(1) << 32, index_t(1) << 32}, std::vector<float>{}),
+                      Contains("tensor 'w'") && Contains("overflow"));
+}
