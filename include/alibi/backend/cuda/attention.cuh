@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "alibi/attention.hpp"
+#include "alibi/backend/cuda/aux_kernels.cuh"
 #include "alibi/backend/cuda/error.cuh"
 #include "alibi/backend/cuda/kernel.cuh"
 #include "alibi/backend/cuda/merge.cuh"
