@@ -10,7 +10,9 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <alibi/attention.hpp>
@@ -511,5 +513,38 @@ inline std::vector<case_spec> scale_cases() {
   }
   return cases;
 }
+
+/// A buffer of host memory that a call's views point into (with padding, gaps and guards
+/// around them). A runner that moves the call to a device copies it whole, so the device
+/// sees the host's layout byte for byte (NaN padding included), and copies the buffers an
+/// output lives in back whole (guards included, so out-of-bounds writes stay visible).
+struct host_region {
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// One attention call on host data, as the shared edge-case bodies (edge_cases.hpp) hand it
+/// to a runner: float q, k, v and out views, params whose views (lengths, offsets, key mask,
+/// slopes, logsumexp, key norm bounds) point to host memory, and the buffers to move whole.
+/// A view outside every listed buffer is moved element by element (NaN in its gaps).
+struct host_call {
+  alibi::tensor_view<const float, 4> q{}, k{}, v{};
+  alibi::tensor_view<float, 4> out{};
+  alibi::attention_params params{};
+  std::vector<host_region> regions;
+
+  template <class T>
+  host_call& whole(const std::vector<T>& buf) {
+    if (!buf.empty()) regions.push_back({buf.data(), buf.size() * sizeof(T)});
+    return *this;
+  }
+};
+
+/// Thrown by a device runner that cannot allocate the device copy of a call's memory: a test
+/// that needs a very large allocation then skips with a warning, as it does where the host
+/// refuses a large mapping.
+struct staging_refused : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 }  // namespace alibi_test

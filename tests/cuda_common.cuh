@@ -7,7 +7,9 @@
 #include <cuda_runtime.h>
 
 #include <alibi/cuda.cuh>
+#include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -191,5 +193,173 @@ comparison check_cuda(const case_spec& spec, cudaStream_t stream = nullptr, bool
         alibi::attention(skip ? skipping(be) : be, q, k, v, out, params);
       });
 }
+
+/// A host_call (common.hpp) moved to device memory. A view inside one of the call's listed
+/// buffers points into a device copy of the whole buffer (padding, NaN gaps and guards as on
+/// the host); any other view gets a device buffer of its span, NaN bytes except its own
+/// elements, which are copied row by row (so a view 8 GiB across with few rows costs only
+/// its rows). download() copies the buffers that hold a written view back whole, and the
+/// other written views row by row.
+class device_staging {
+ public:
+  explicit device_staging(std::vector<host_region> regions)
+      : regions_(std::move(regions)),
+        copies_(regions_.size(), nullptr),
+        written_(regions_.size(), false) {}
+  device_staging(const device_staging&) = delete;
+  device_staging& operator=(const device_staging&) = delete;
+  ~device_staging() {
+    for (void* p : allocations_) cudaFree(p);
+  }
+
+  template <class T, int R>
+  alibi::tensor_view<T, R> stage(const alibi::tensor_view<T, R>& v, bool written) {
+    using E = std::remove_const_t<T>;
+    if (v.data == nullptr) return v;
+    // The span [lo, hi) of element offsets the view reaches; [0, 1) for an empty view.
+    index_t lo = 0, hi = 1;
+    bool empty = false;
+    for (int d = 0; d < R; ++d) {
+      if (v.extents[d] == 0) empty = true;
+      const index_t reach = (v.extents[d] - 1) * v.strides[d];
+      (reach < 0 ? lo : hi) += reach;
+    }
+    if (empty) {
+      lo = 0;
+      hi = 1;
+    }
+    const auto at = reinterpret_cast<std::uintptr_t>(v.data);
+    const std::uintptr_t first = at - static_cast<std::uintptr_t>(-lo) * sizeof(E);
+    const std::uintptr_t last = at + static_cast<std::uintptr_t>(hi) * sizeof(E);
+    for (std::size_t r = 0; r < regions_.size(); ++r) {
+      const auto begin = reinterpret_cast<std::uintptr_t>(regions_[r].data);
+      if (begin <= first && last <= begin + regions_[r].bytes) {
+        if (written) written_[r] = true;
+        return rebased(v, reinterpret_cast<std::uintptr_t>(region_copy(r)) + (at - begin));
+      }
+    }
+    const std::size_t bytes = static_cast<std::size_t>(hi - lo) * sizeof(E);
+    char* span = allocate(bytes);
+    cuda_ok(cudaMemset(span, 0xff, bytes), "cudaMemset (staging)");  // NaN in every gap
+    const std::uintptr_t dev =
+        reinterpret_cast<std::uintptr_t>(span) + static_cast<std::uintptr_t>(-lo) * sizeof(E);
+    if (!empty) {
+      copy_rows(v, dev, true);
+      if (written) write_back_.push_back([v, dev] { copy_rows(v, dev, false); });
+    }
+    return rebased(v, dev);
+  }
+
+  /// Copies every written view back to the host (after the device work has finished).
+  void download() {
+    for (std::size_t r = 0; r < regions_.size(); ++r)
+      if (written_[r] && copies_[r])
+        cuda_ok(cudaMemcpy(const_cast<void*>(regions_[r].data), copies_[r], regions_[r].bytes,
+                           cudaMemcpyDeviceToHost),
+                "download (staging)");
+    for (auto& f : write_back_) f();
+  }
+
+ private:
+  char* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw staging_refused("cudaMalloc of " + std::to_string(bytes) + " bytes failed");
+    }
+    cuda_ok(e, "cudaMalloc (staging)");
+    allocations_.push_back(p);
+    return static_cast<char*>(p);
+  }
+  char* region_copy(std::size_t r) {
+    if (!copies_[r]) {
+      copies_[r] = allocate(regions_[r].bytes);
+      cuda_ok(cudaMemcpy(copies_[r], regions_[r].data, regions_[r].bytes, cudaMemcpyHostToDevice),
+              "upload (staging)");
+    }
+    return copies_[r];
+  }
+  template <class T, int R>
+  static alibi::tensor_view<T, R> rebased(alibi::tensor_view<T, R> v, std::uintptr_t dev) {
+    v.data = reinterpret_cast<T*>(dev);
+    return v;
+  }
+  /// Copies the view's elements between the host and the device copy whose element 0 is at
+  /// `dev`: contiguous rows along the last dimension where its stride is 1.
+  template <class T, int R>
+  static void copy_rows(const alibi::tensor_view<T, R>& v, std::uintptr_t dev, bool to_device) {
+    using E = std::remove_const_t<T>;
+    auto copy = [&](index_t offset, index_t count) {
+      E* host = const_cast<E*>(v.data) + offset;
+      void* device = reinterpret_cast<void*>(dev + static_cast<std::uintptr_t>(offset) * sizeof(E));
+      const std::size_t n = static_cast<std::size_t>(count) * sizeof(E);
+      cuda_ok(to_device ? cudaMemcpy(device, host, n, cudaMemcpyHostToDevice)
+                        : cudaMemcpy(host, device, n, cudaMemcpyDeviceToHost),
+              "row copy (staging)");
+    };
+    index_t idx[R] = {};
+    const index_t n = v.extents[R - 1], s = v.strides[R - 1];
+    for (;;) {
+      index_t offset = 0;
+      for (int d = 0; d + 1 < R; ++d) offset += idx[d] * v.strides[d];
+      if (s == 1)
+        copy(offset, n);
+      else
+        for (index_t j = 0; j < n; ++j) copy(offset + j * s, 1);
+      int d = R - 2;
+      for (; d >= 0; --d) {
+        if (++idx[d] < v.extents[d]) break;
+        idx[d] = 0;
+      }
+      if (d < 0) return;
+    }
+  }
+
+  std::vector<host_region> regions_;
+  std::vector<char*> copies_;
+  std::vector<bool> written_;
+  std::vector<void*> allocations_;
+  std::vector<std::function<void()>> write_back_;
+};
+
+/// The runner of the shared edge-case bodies (edge_cases.hpp) on the CUDA backend in float:
+/// stages the call's host data on the device (device_staging), runs alibi::attention with
+/// backend::cuda on the default stream, synchronizes and copies out and logsumexp back.
+struct cuda_float_runner {
+  static constexpr const char* name = "cuda(float)";
+  static constexpr bool on_device = true;
+  using dims = alibi::cuda_detail::kernel_head_dims;
+
+  /// The kernels are built for the head dims of kernel_head_dims, with v_head_dim ==
+  /// head_dim; any other call is an alibi::error.
+  static bool supports_head_dim(index_t d, index_t dv) { return dims::contains(d) && dv == d; }
+  /// The smallest head dim the kernels are built for that is >= d (the largest if none is).
+  static index_t head_dim(index_t d) {
+    for (int x : dims::list)
+      if (x >= d) return x;
+    return dims::list[dims::count - 1];
+  }
+
+  static void attention(const host_call& call) {
+    device_staging st(call.regions);
+    alibi::attention_params p = call.params;
+    p.q_lengths = st.stage(p.q_lengths, false);
+    p.k_lengths = st.stage(p.k_lengths, false);
+    p.q_offsets = st.stage(p.q_offsets, false);
+    p.k_offsets = st.stage(p.k_offsets, false);
+    p.key_mask = st.stage(p.key_mask, false);
+    p.slopes.values = st.stage(p.slopes.values, false);
+    p.key_norm_bounds = st.stage(p.key_norm_bounds, false);
+    p.logsumexp = st.stage(p.logsumexp, true);
+    const auto q = st.stage(call.q, false);
+    const auto k = st.stage(call.k, false);
+    const auto v = st.stage(call.v, false);
+    const auto out = st.stage(call.out, true);
+    alibi::attention(alibi::backend::cuda{}, q, k, v, out, p);
+    cuda_ok(cudaDeviceSynchronize(), "attention");
+    st.download();
+  }
+};
 
 }  // namespace alibi_test
