@@ -174,7 +174,7 @@ inline bool json_depth_ok(const char* begin, const char* end) {
 inline nlohmann::json parse_json(const char* begin, const char* end, const std::string& context) {
   if (!json_depth_ok(begin, end))
     detail::raise(
-        error(context + ": JSON nested deeper than " + detail::str(max_json_depth) + " levels"));
+        error(context + ": JSON nested deeper than " + std::to_string(max_json_depth) + " levels"));
   nlohmann::json v = nlohmann::json::parse(begin, end, nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded()) {
     json_error_recorder r;

@@ -11,7 +11,7 @@
 // equals the full forward. The attention module alone is split by the test's own slicing of the
 // full module's parameters. Errors: ranks built with other configurations, heads the ranks do not
 // divide, forward calls of other shapes raise alibi::error on every rank. The layer and attention
-// cases run twice: with the eigen backend and with staged_eigen (tests/staged_backend.hpp), which
+// cases run twice: with the eigen backend and with staged_eigen (tests/support/staged_backend.hpp), which
 // takes the all-reduce's host-staging path of backend::cuda on the CPU. Exit status: the number
 // of failed checks over all ranks (0 = pass).
 #include <mpi.h>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// The cases of the MPI sequence-parallel tests, for any backend (tests/mpi_ring.cpp: eigen and the
-// staged emulation; tests/mpi_ring_cuda.cpp: CUDA). alibi::mpi::ring_attention and
+// The cases of the MPI sequence-parallel tests, for any backend (tests/mpi/mpi_ring.cpp: eigen and the
+// staged emulation; tests/mpi/mpi_ring_cuda.cpp: CUDA). alibi::mpi::ring_attention and
 // alltoall_attention under mpirun (ctest label mpi, run with 1, 2, 3
 // and 4 ranks): every rank builds the same whole sequences (fixed seeds), keeps its part
 // (contiguous with uneven lengths, or zigzag), and its rows of out and logsumexp must match the

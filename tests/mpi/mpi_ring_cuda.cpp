@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // alibi::mpi::ring_attention and alltoall_attention with backend::cuda under mpirun (ctest labels
-// mpi and cuda; the cases are tests/mpi_ring_cases.hpp, the device mirroring
-// tests/mpi_cuda_runner.cu): the tensors in device memory, staged through host memory for MPI.
+// mpi and cuda; the cases are tests/mpi/mpi_ring_cases.hpp, the device mirroring
+// tests/mpi/mpi_cuda_runner.cu): the tensors in device memory, staged through host memory for MPI.
 // The bounds come from the same-run single-process CUDA result. Without a CUDA device it prints
 // "SKIPPED: no CUDA device" (ctest reports the test as skipped). Exit status: the number of failed
 // checks over all ranks (0 = pass).

@@ -15,7 +15,7 @@
 #include "cuda_common.cuh"
 #include "layer_reference.hpp"
 
-// The same layer on the CPU backend (tests/cuda_layers_cpu.cpp: Eigen stays out of .cu files).
+// The same layer on the CPU backend (tests/layers/cuda_layers_cpu.cpp: Eigen stays out of .cu files).
 std::vector<float> cpu_layer_forward(const alibi::layer_config& c, const alibi_test::weight_map& w,
                                      const std::vector<float>& x, alibi::index_t B,
                                      alibi::index_t L, const std::vector<alibi::index_t>& lengths,

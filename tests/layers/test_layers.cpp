@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The layers on the CPU: multi_head_attention, transformer_layer and kv_cache against the
-// plain double-precision computation of tests/layer_reference.hpp; decode == prefill;
+// plain double-precision computation of tests/support/layer_reference.hpp; decode == prefill;
 // thread-count independence; parameters and safetensors; errors.
 #include <catch2/catch.hpp>
 
