@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <alibi/backend/cuda/mma_layout.hpp>
-#include <alibi/numerics/score_tile.hpp>
+#include <alibi/numerics/tile_frame.hpp>
 #include <catch2/catch.hpp>
 
 using alibi::index_t;

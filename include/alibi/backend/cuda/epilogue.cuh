@@ -9,7 +9,7 @@
 #include "alibi/backend/cuda/traits.cuh"
 #include "alibi/core/problem.hpp"
 #include "alibi/numerics/online_softmax.hpp"
-#include "alibi/numerics/score_tile.hpp"
+#include "alibi/numerics/tile_frame.hpp"
 
 namespace alibi {
 namespace cuda_detail {

@@ -13,7 +13,7 @@
 #include "alibi/backend/cuda/primitives.cuh"
 #include "alibi/backend/cuda/traits.cuh"
 #include "alibi/numerics/online_softmax.hpp"
-#include "alibi/numerics/score_tile.hpp"
+#include "alibi/numerics/tile_frame.hpp"
 
 namespace alibi {
 namespace cuda_detail {

@@ -14,7 +14,7 @@
 #include "alibi/core/problem.hpp"
 #include "alibi/core/tensor_view.hpp"
 #include "alibi/numerics/online_softmax.hpp"
-#include "alibi/numerics/score_tile.hpp"
+#include "alibi/numerics/tile_frame.hpp"
 
 namespace alibi {
 namespace cuda_detail {

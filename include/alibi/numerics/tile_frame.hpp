@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
-// The per-row and per-tile arithmetic of the tiled kernels, as host/device functions: which
-// keys a row may see, and its ALiBi distances relative to a key tile in floats (the bias
-// and mask math of every tile). The online softmax itself is the shared state of
-// alibi/numerics/online_softmax.hpp. The CUDA kernels run these functions on the device; the
-// unit tests run the same functions on the CPU against alibi_bias and the problem's own
-// key_range.
+// The tile frame: per-row and per-tile arithmetic as host/device functions: which keys a row
+// may see, and its ALiBi distances relative to a key tile in floats. The online softmax
+// itself is the shared state of alibi/numerics/online_softmax.hpp. The CUDA kernels run
+// these functions on the device, and the unit tests run them on the CPU against alibi_bias
+// and the problem's own key_range. The CPU kernel resolves the same rows and distances from
+// the same attention_problem predicates in backend/eigen/score_tile.hpp, with its own
+// vectorized layout; moving it onto this frame would change its arithmetic, so it has not
+// been done.
 #pragma once
 
 #include <cmath>
