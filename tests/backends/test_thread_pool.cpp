@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <fstream>
+#include <limits>
 #include <new>
 #include <string>
 #include <thread>
@@ -14,6 +14,8 @@
 
 #include <alibi/alibi.hpp>
 #include <alibi/backend/host/parallel.hpp>
+
+#include "live_threads.hpp"
 
 using alibi::index_t;
 
@@ -48,22 +50,39 @@ TEST_CASE("parallel_for carries exceptions to the caller", "[pool]") {
   }
 }
 
-namespace {
-int live_threads() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
-  return -1;  // not Linux: not measured
-}
-}  // namespace
-
 TEST_CASE("one shared pool for every thread count", "[pool]") {
   const int before = alibi::detail::pool_threads();
-  for (int threads = 2; threads <= 16; ++threads)
+  const int most = alibi::backend::eigen::max_threads();
+  for (int threads = 2; threads <= most; ++threads)
     alibi::detail::parallel_for(threads, 64, [](index_t) {});
   const int pool = alibi::detail::pool_threads();
-  REQUIRE(pool == std::max(before, 15));
-  const int live = live_threads();
+  REQUIRE(pool == std::max(before, most - 1));
+  const int live = alibi_test::live_threads();
   if (live >= 0) REQUIRE(live <= 1 + pool + 2);  // this thread, the pool, a little slack
+}
+
+TEST_CASE("a thread count beyond 4 x the hardware threads is refused, naming it", "[pool]") {
+  const int most = alibi::backend::eigen::max_threads();
+  std::vector<float> x(64, 1.0f), y(64);
+  const auto q = alibi::make_view<const float>(x.data(), 1, 1, 4, 16);
+  const auto out = alibi::make_view(y.data(), 1, 1, 4, 16);
+  for (const int threads : {most + 1, 16400, std::numeric_limits<int>::max()})
+    REQUIRE_THROWS_WITH(
+        alibi::attention(alibi::backend::eigen{threads}, q, q, q, out),
+        Catch::Contains("alibi::backend::eigen: threads must be at most " + std::to_string(most)));
+  REQUIRE_NOTHROW(alibi::attention(alibi::backend::eigen{most}, q, q, q, out));
+  REQUIRE(alibi::detail::pool_threads() <= most - 1);
+}
+
+TEST_CASE("a pool's threads end with it", "[pool]") {
+  const int before = alibi_test::live_threads();
+  {
+    alibi::detail::worker_pool pool;
+    REQUIRE(pool.grow(3) == 3);
+    std::vector<int> seen(500, 0);
+    alibi::detail::parallel_for(pool, 4, 500, [&](index_t i) { seen[std::size_t(i)] += 1; });
+    REQUIRE(std::count(seen.begin(), seen.end(), 1) == 500);
+    if (before >= 0) REQUIRE(alibi_test::live_threads() == before + 3);
+  }
+  if (before >= 0) REQUIRE(alibi_test::live_threads_settled(before) == before);
 }

@@ -5,6 +5,11 @@
 // a readable static_assert rather than an unknown name.
 #pragma once
 
+#include <string>
+#include <thread>
+
+#include "alibi/core/error.hpp"
+
 struct CUstream_st;  // the CUDA runtime's stream type; cudaStream_t is CUstream_st*
 
 namespace alibi {
@@ -27,10 +32,19 @@ struct reference {
 };
 
 /// The fused CPU backend (Eigen GEMMs, online softmax). `threads` <= 0 means one thread per
-/// hardware thread. Results do not depend on the thread count. <alibi/backend/eigen/attention.hpp>
+/// hardware thread; at most max_threads() (a call asking for more is an alibi::error naming
+/// `threads`). Results do not depend on the thread count. The threads beyond the caller's
+/// come from one process-wide pool, started on first use and kept until exit.
+/// <alibi/backend/eigen/attention.hpp>
 struct eigen {
   using memory_space = host_space;
   int threads = 1;
+  /// 4 x the hardware threads (64 where the hardware does not say). More would only add
+  /// threads waiting for a core; a typo (INT_MAX, a byte count) would try to start that many.
+  static int max_threads() {
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw > 0 ? static_cast<int>(hw < (1u << 20) ? hw : 1u << 20) * 4 : 64;
+  }
 };
 
 /// The CUDA backend: work is queued on `stream` (nullptr: the legacy default stream) and
@@ -51,4 +65,16 @@ struct cuda {
 };
 
 }  // namespace backend
+
+namespace detail {
+
+/// Whether an eigen backend's `threads` is within backend::eigen::max_threads().
+inline status threads_status(int threads) {
+  if (threads <= backend::eigen::max_threads()) return {};
+  return status::failure("alibi::backend::eigen: threads must be at most " +
+                         std::to_string(backend::eigen::max_threads()) +
+                         " (4 x the hardware threads), got " + std::to_string(threads));
+}
+
+}  // namespace detail
 }  // namespace alibi

@@ -55,8 +55,9 @@ struct attention_impl<backend::eigen> {
       std::is_same<TQ, float>::value&& std::is_same<TO, float>::value&& cpu::is_cpu_kv_type<TKV>;
 
   template <class TQ, class TKV, class TO, class Isa>
-  static status can_implement(const backend::eigen&, const attention_problem&,
+  static status can_implement(const backend::eigen& be, const attention_problem&,
                               const attention_tensors<TQ, TKV, TO, Isa>&) {
+    if (status s = threads_status(be.threads); !s) return s;
     if (!implemented<TQ, TKV, TO>)
       return status::failure(
           "alibi::attention (eigen): q and out must be float, k and v float, Eigen::half or "

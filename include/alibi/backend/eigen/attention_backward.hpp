@@ -21,8 +21,9 @@ struct attention_backward_impl<backend::eigen> {
           std::is_same<TO, float>::value&& std::is_same<TG, float>::value;
 
   template <class TQ, class TKV, class TO, class TG, class Isa>
-  static status can_implement(const backend::eigen&, const attention_problem&,
+  static status can_implement(const backend::eigen& be, const attention_problem&,
                               const attention_backward_tensors<TQ, TKV, TO, TG, Isa>&) {
+    if (status s = threads_status(be.threads); !s) return s;
     if (!implemented<TQ, TKV, TO, TG>)
       return status::failure(
           "alibi::attention_backward (eigen): q, k, v, out, dout and the gradients must be "
