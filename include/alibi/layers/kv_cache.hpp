@@ -114,6 +114,46 @@ class kv_cache {
     refresh_norms(b, length, length);
   }
 
+  /// Makes a step that appends to the cache all or nothing: while a transaction is alive
+  /// and not committed, destroying it (a step failing part-way, unwinding) returns the cache
+  /// to the state it had when the transaction began: the lengths and the key-norm bounds,
+  /// so a retry appends the same tokens at the same positions. The rows written past the
+  /// old lengths stay in memory, unread, and are overwritten by the next append. The
+  /// layers hold one around each forward with a cache; a loop over layers can hold one per
+  /// layer's cache around the whole step. Beginning one allocates (before anything
+  /// changes); rolling back does not, and never throws.
+  class transaction {
+   public:
+    explicit transaction(kv_cache& cache) : cache_(&cache), lengths_(cache.lengths_) {
+      if constexpr (keeps_norms) {
+        // The bound of the block each sequence ends in, where that block is partly filled:
+        // the only bound an append changes that is not 0 before it.
+        const index_t H = cache.kv_heads_;
+        tail_norms_.assign(static_cast<std::size_t>(cache.batch_ * H), 0.0f);
+        for (index_t b = 0; b < cache.batch_; ++b) {
+          const index_t n = lengths_[static_cast<std::size_t>(b)];
+          if (n % key_norm_block == 0) continue;
+          for (index_t h = 0; h < H; ++h)
+            tail_norms_[static_cast<std::size_t>(b * H + h)] =
+                cache.norms_[static_cast<std::size_t>((b * H + h) * cache.blocks_ +
+                                                      n / key_norm_block)];
+        }
+      }
+    }
+    /// The step succeeded: the cache keeps what it appended.
+    void commit() noexcept { cache_ = nullptr; }
+    ~transaction() {
+      if (cache_ != nullptr) cache_->roll_back(lengths_, tail_norms_);
+    }
+    transaction(const transaction&) = delete;
+    transaction& operator=(const transaction&) = delete;
+
+   private:
+    kv_cache* cache_;
+    std::vector<index_t> lengths_;
+    std::vector<float> tail_norms_;  // (batch, kv_heads)
+  };
+
   /// (batch, kv_heads, length, head_dim) views of the stored keys and values, `length` =
   /// the longest sequence; positions past length(b) of sequence b are unspecified. Each
   /// head's rows are contiguous (strides (kv_heads * capacity * head_dim, capacity *
@@ -140,6 +180,23 @@ class kv_cache {
     index_t m = 0;
     for (index_t n : lengths_) m = std::max(m, n);
     return m;
+  }
+  /// Back to `lengths` (each at most the current length), with the key-norm bounds they had
+  /// (`tail_norms`: the bound of the block each sequence ended in; blocks past it were 0).
+  void roll_back(const std::vector<index_t>& lengths,
+                 const std::vector<float>& tail_norms) noexcept {
+    std::copy(lengths.begin(), lengths.end(), lengths_.begin());
+    if constexpr (keeps_norms) {
+      for (index_t b = 0; b < batch_; ++b) {
+        const index_t n = lengths_[static_cast<std::size_t>(b)];
+        for (index_t h = 0; h < kv_heads_; ++h) {
+          float* nb = norms_.data() + (b * kv_heads_ + h) * blocks_;
+          std::fill(nb + n / key_norm_block, nb + blocks_, 0.0f);
+          if (n % key_norm_block != 0)
+            nb[n / key_norm_block] = tail_norms[static_cast<std::size_t>(b * kv_heads_ + h)];
+        }
+      }
+    }
   }
   /// The key-norm blocks that `length` keys take.
   static index_t norm_blocks(index_t length) {

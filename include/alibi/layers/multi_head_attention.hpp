@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -240,6 +241,13 @@ class multi_head_attention {
       detail::raise(error(fn + ": config.head_dim, key_dim and value_dim must be >= 0"));
     if (c.key_dim == 0) c.key_dim = c.embed_dim;
     if (c.value_dim == 0) c.value_dim = c.embed_dim;
+    // The projections' widths, and (parameter_table) their parameters' sizes, are formed
+    // from these: refused here rather than wrapped.
+    index_t width = 0;
+    if (__builtin_mul_overflow(c.q_heads, c.head_dim, &width) ||
+        __builtin_mul_overflow(width, index_t(2), &width))
+      detail::raise(error(fn + ": config.q_heads * config.head_dim (" + detail::str(c.q_heads) +
+                          " * " + detail::str(c.head_dim) + ") does not fit in 64 bits"));
     return c;
   }
 
@@ -382,6 +390,9 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
                     : can_implement(backend_, qv, kv4, vv4, cv, p))
       .throw_if_failed();
 
+  // From the append on, a failure leaves the cache as it was (a retry appends the same tokens).
+  std::optional<typename kv_cache<T, Backend, S>::transaction> step;
+  if (cache != nullptr) step.emplace(*cache);
   detail::timed<ops>(backend_, t_proj, [&] {
     ops::linear(backend_, query.data, ldq, rows_q, E, wq_.data(), cfg_.bias ? bq_.data() : nullptr,
                 nq, qbuf.data(), nq, false, nullptr);
@@ -418,6 +429,7 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
                 nullptr);
     if (!accumulate) detail::zero_padded_rows<ops>(backend_, out.data, ldo, Lq, E, q_len);
   });
+  if (step) step->commit();
 }
 
 template <class T, class Backend>

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,7 +61,10 @@ class transformer_layer {
       : backend_(backend), cfg_(config), attn_(config.attention, backend) {
     cfg_.attention = attn_.config();
     const index_t E = cfg_.attention.embed_dim;
-    if (cfg_.ff_dim == 0) cfg_.ff_dim = 4 * E;
+    if (cfg_.ff_dim == 0 && __builtin_mul_overflow(E, index_t(4), &cfg_.ff_dim))
+      detail::raise(
+          error("alibi::transformer_layer: the default config.ff_dim, 4 * embed_dim (4 * " +
+                detail::str(E) + "), does not fit in 64 bits"));
     if (cfg_.ff_dim < 0)
       detail::raise(error("alibi::transformer_layer: config.ff_dim must be >= 0, got " +
                           detail::str(cfg_.ff_dim)));
@@ -224,6 +228,9 @@ class transformer_layer {
     auto reduce = [&] {
       if (reduce_) reduce_(out.data, ldo, rows, E);
     };
+    // A failure after the attention's append (the FFN, a norm) leaves the cache as it was.
+    std::optional<typename kv_cache<T, Backend, S>::transaction> step;
+    if (cache != nullptr) step.emplace(*cache);
     // The residual stream lives in `out`; the attention's output projection adds to it (a
     // shard other than the lead writes its partial sum there instead).
     if (cfg_.norm == norm_position::post) {
@@ -255,6 +262,7 @@ class transformer_layer {
       reduce();
     }
     detail::zero_padded_rows<ops>(backend_, out.data, ldo, L, E, q_len);
+    if (step) step->commit();
   }
 
   Backend backend_;
