@@ -192,8 +192,8 @@ status check_optional(const char* fn, const char* name, const tensor_view<T, R>&
   return check_view(fn, name, v);
 }
 
-/// The backend-independent argument check. `host_values`: the per-batch lengths are in host
-/// memory and their values can be checked too.
+/// The backend-independent argument check. `host_values`: the per-batch lengths and caller
+/// slopes are in host memory and their values can be checked too.
 template <class TQ, class TK, class TV, class TO>
 status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
                     const tensor_view<TV, 4>& v, const tensor_view<TO, 4>& out,
@@ -270,6 +270,15 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
                              ", q_heads = " + str(Hq) + "), got (" + str(sc.values.extents[0]) +
                              ", " + str(sc.values.extents[1]) + ")");
     if (status s = check_view(fn, "params.slopes.values", sc.values); !s) return s;
+    // An infinite or NaN slope makes every score of its head NaN (0 * inf at distance 0):
+    // refused where the values are readable here (host memory; device slopes are not read).
+    if (host_values)
+      for (index_t b = 0; b < sc.values.extents[0]; ++b)
+        for (index_t h = 0; h < sc.values.extents[1]; ++h)
+          if (!std::isfinite(sc.values(b, h)))
+            return status::failure(f + ": params.slopes.values must be finite, got " +
+                                   std::to_string(sc.values(b, h)) + " at (" + str(b) + ", " +
+                                   str(h) + ")");
   } else {
     if (!std::isfinite(sc.max_bias) || !std::isfinite(sc.scale))
       return status::failure(f + ": params.slopes.max_bias and params.slopes.scale must be finite");

@@ -187,8 +187,18 @@ struct parameter_table {
     for (index_t e : shape) n *= e;
     return n;
   }
-  /// Stores every parameter, filled with its initial value.
+  /// Stores every parameter, filled with its initial value. Every shape is checked first:
+  /// its bytes must fit in 64 bits (an impossible configuration is an alibi::error naming
+  /// the parameter, never a wrapped size); memory that cannot be had is std::bad_alloc.
   void allocate(Owner& o, const Backend& be) const {
+    for (const slot& s : slots) {
+      index_t n = static_cast<index_t>(sizeof(T));
+      for (index_t e : s.shape)
+        if (e < 0 || __builtin_mul_overflow(n, e, &n))
+          detail::raise(error(std::string(owner) + ": parameter '" + s.name + "' of shape " +
+                              shape_text(s.shape) +
+                              " has more bytes than 64-bit sizes hold; check the configuration"));
+    }
     for (const slot& s : slots)
       ops::upload(be, std::vector<T>(static_cast<std::size_t>(count(s.shape)), T(s.initial)),
                   o.*s.member);

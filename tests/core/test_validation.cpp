@@ -311,6 +311,22 @@ TEST_CASE("caller slopes must be present and have q_heads entries", "[validation
   REQUIRE(message_of(ref, f, p) == "ok");
 }
 
+TEST_CASE("caller slopes must be finite", "[validation]") {
+  // An infinite or NaN slope would make every output of its head NaN.
+  fixture f;  // 4 query heads, batch 2
+  for (const float bad :
+       {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN()}) {
+    std::vector<float> s(8, 0.25f);
+    s[6] = bad;
+    alibi::attention_params p;
+    p.slopes = alibi::slope_config::per_batch_head(s.data(), 2, 4);
+    for (const std::string& m :
+         {message_of(alibi::backend::reference{}, f, p), message_of(alibi::backend::eigen{}, f, p)})
+      REQUIRE_THAT(m, Contains("params.slopes.values must be finite") && Contains("(1, 2)"));
+  }
+}
+
 TEST_CASE("every throw goes through one noreturn function", "[validation]") {
   REQUIRE_THROWS_WITH(alibi::detail::raise(alibi::error("alibi::x: y")), "alibi::x: y");
   REQUIRE_THROWS_AS(alibi::detail::raise(alibi::error("z")), alibi::error);

@@ -750,6 +750,25 @@ TEST_CASE("KV cache: clear, capacity and misuse", "[layers][decode]") {
   REQUIRE_THROWS_AS((alibi::kv_cache<float, cpu>(cpu{}, -1, 8, 1, 8)), alibi::error);
 }
 
+TEST_CASE("layers: impossible sizes are refused before anything is allocated", "[layers][errors]") {
+  alibi::mha_config c;
+  c.embed_dim = index_t(1) << 31;  // q_proj.weight alone: 2^62 floats, 2^64 bytes
+  c.q_heads = 16;
+  REQUIRE_THROWS_WITH((alibi::multi_head_attention<float, cpu>(c)),
+                      Catch::Contains("alibi::multi_head_attention: parameter 'q_proj.weight'") &&
+                          Catch::Contains("(2147483648, 2147483648)"));
+  c.embed_dim = 64;
+  c.head_dim = index_t(1) << 62;
+  REQUIRE_THROWS_WITH((alibi::multi_head_attention<float, cpu>(c)),
+                      Catch::Contains("config.q_heads * config.head_dim"));
+  alibi::layer_config lc;
+  lc.attention.embed_dim = 64;
+  lc.attention.q_heads = 4;
+  lc.ff_dim = index_t(1) << 61;  // ffn.0.weight: 2^67 floats
+  REQUIRE_THROWS_WITH((alibi::transformer_layer<float, cpu>(lc)),
+                      Catch::Contains("alibi::transformer_layer: parameter 'ffn.0.weight'"));
+}
+
 TEST_CASE("layers: configuration and argument errors name the argument", "[layers][errors]") {
   alibi::mha_config c;
   c.embed_dim = 30;

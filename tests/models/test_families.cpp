@@ -643,7 +643,9 @@ TEST_CASE("families: config.json files give the presets", "[layers][families]") 
     refuses(R"({"model_type": "bloom", "hidden_size": 60, "n_head": 8, "n_layer": 2})",
             "multiple of the head count");
     refuses("[1, 2]", "not a JSON object");
-    refuses("{oops", "not a JSON object");
+    refuses("{oops", "syntax error");  // the parser says where and what
+    refuses(R"({"model_type": "bloom", "model_type": "mpt"})",
+            "the key 'model_type' appears twice");
   }
 }
 

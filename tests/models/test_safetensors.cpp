@@ -314,6 +314,21 @@ TEST_CASE("safetensors: overlapping tensors, bad numbers and bad JSON are clear 
                       Contains("invalid header"));
   REQUIRE_THROWS_WITH(safetensors::parse(with_header(R"({"a":{"dtype":"F32"}} x)", 0)),
                       Contains("invalid header"));
+  // A tensor name twice: the JSON library would keep the second silently; the format's
+  // reference reader refuses the file, and so does alibi (any object with a key twice).
+  REQUIRE_THROWS_WITH(
+      safetensors::parse(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                     R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                     8),
+                         "d.safetensors"),
+      Contains("d.safetensors: invalid header") && Contains("the key 'a' appears twice"));
+  REQUIRE_THROWS_WITH(
+      safetensors::parse(with_header(
+          R"({"a":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})", 4)),
+      Contains("the key 'dtype' appears twice"));
+  // The same key in different objects is not a duplicate.
+  REQUIRE_NOTHROW(safetensors::parse(with_header(
+      R"({"__metadata__":{"a":"x"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4)));
   // The writer refuses what JSON cannot carry, naming it.
   alibi::safetensors_writer w;
   REQUIRE_THROWS_WITH(w.add("bad\xff", {1}, std::vector<float>{1}),

@@ -169,18 +169,75 @@ inline bool json_depth_ok(const char* begin, const char* end) {
   return true;
 }
 
+/// A JSON tree whose destruction allocates nothing, so that it can be dropped while a
+/// std::bad_alloc unwinds (or any time) without ending the program.
+///
+/// Why: nlohmann::json's destructor (noexcept) moves the children of a non-empty array or
+/// object onto a heap-allocated stack before freeing them (to avoid deep recursion); if that
+/// allocation fails, std::terminate. Emptying the containers bottom-up first, by recursion
+/// bounded by max_json_depth (parse_json refuses deeper text), leaves every container empty
+/// when its destructor runs, and an empty one allocates nothing.
+class json_document {
+ public:
+  explicit json_document(nlohmann::json value) noexcept : value_(std::move(value)) {}
+  json_document(json_document&& other) noexcept : value_(std::move(other.value_)) {}
+  json_document& operator=(json_document&&) = delete;
+  json_document(const json_document&) = delete;
+  ~json_document() { take_apart(value_); }
+
+  nlohmann::json& operator*() noexcept { return value_; }
+  const nlohmann::json& operator*() const noexcept { return value_; }
+  nlohmann::json* operator->() noexcept { return &value_; }
+  const nlohmann::json* operator->() const noexcept { return &value_; }
+
+ private:
+  static void take_apart(nlohmann::json& j) noexcept {
+    if (!j.is_array() && !j.is_object()) return;
+    for (nlohmann::json& child : j) take_apart(child);
+    j.clear();  // destroys children that are scalars or empty containers: no allocation
+  }
+  nlohmann::json value_;
+};
+
 /// Parses JSON text; a syntax error is an alibi::error: the context, then nlohmann's message.
-/// Text nested deeper than max_json_depth is refused before it is parsed.
-inline nlohmann::json parse_json(const char* begin, const char* end, const std::string& context) {
+/// Text nested deeper than max_json_depth is refused before it is parsed, and so is an
+/// object with a key twice: the JSON library would keep the last value silently (in a
+/// safetensors header, a second tensor of one name; the format's reference reader refuses
+/// such files).
+inline json_document parse_json(const char* begin, const char* end, const std::string& context) {
   if (!json_depth_ok(begin, end))
     detail::raise(
         error(context + ": JSON nested deeper than " + std::to_string(max_json_depth) + " levels"));
-  nlohmann::json v = nlohmann::json::parse(begin, end, nullptr, /*allow_exceptions=*/false);
-  if (v.is_discarded()) {
+  using event = nlohmann::json::parse_event_t;
+  std::vector<std::vector<std::string>> keys;  // of each open object, sorted
+  std::string duplicate;
+  bool has_duplicate = false;
+  const nlohmann::json::parser_callback_t note_keys = [&](int, event e, nlohmann::json& parsed) {
+    if (e == event::object_start) {
+      keys.emplace_back();
+    } else if (e == event::object_end) {
+      if (!keys.empty()) keys.pop_back();
+    } else if (e == event::key && !keys.empty() && parsed.is_string()) {
+      std::vector<std::string>& open = keys.back();
+      const std::string& k = parsed.get_ref<const std::string&>();
+      const auto at = std::lower_bound(open.begin(), open.end(), k);
+      if (at != open.end() && *at == k) {
+        if (!has_duplicate) duplicate = k;
+        has_duplicate = true;
+      } else {
+        open.insert(at, k);
+      }
+    }
+    return true;
+  };
+  json_document v(nlohmann::json::parse(begin, end, note_keys, /*allow_exceptions=*/false));
+  if (v->is_discarded()) {
     json_error_recorder r;
     nlohmann::json::sax_parse(begin, end, &r);
     detail::raise(error(context + ": " + (r.message.empty() ? "not valid JSON" : r.message)));
   }
+  if (has_duplicate)
+    detail::raise(error(context + ": the key '" + duplicate + "' appears twice in one object"));
   return v;
 }
 
@@ -369,8 +426,9 @@ class safetensors {
       st.fail("the header length " + std::to_string(n) + " exceeds the file (" +
               std::to_string(size) + " bytes) or 100 MiB");
     const char* h = reinterpret_cast<const char*>(b) + 8;
-    const nlohmann::json root =
+    const detail::json_document header =
         detail::parse_json(h, h + n, "alibi::safetensors: " + st.origin_ + ": invalid header");
+    const nlohmann::json& root = *header;
     if (!root.is_object()) st.fail("the header is not a JSON object");
     st.data_offset_ = 8 + static_cast<std::size_t>(n);
     const std::uint64_t data_size = size - st.data_offset_;
@@ -488,8 +546,9 @@ class sharded_safetensors {
     s.origin_ = "'" + index_path + "'";
     const auto text = detail::file_bytes::open(index_path, false);
     const char* b = reinterpret_cast<const char*>(text->data());
-    const nlohmann::json index =
+    const detail::json_document document =
         detail::parse_json(b, b + text->size(), "alibi::sharded_safetensors: " + s.origin_);
+    const nlohmann::json& index = *document;
     const auto weight_map = index.is_object() ? index.find("weight_map") : index.end();
     if (!index.is_object() || weight_map == index.end() || !weight_map->is_object())
       s.fail("the index needs a \"weight_map\" object (tensor name: shard file)");
@@ -621,14 +680,29 @@ class safetensors_writer {
 
   /// The header (length and JSON, padded so that the data section starts 8-aligned).
   std::vector<unsigned char> header() const {
-    nlohmann::json h = nlohmann::json::object();
-    if (!metadata_.empty()) h["__metadata__"] = metadata_;
+    // Built in place, a scalar at a time: a temporary array or object (an initializer list,
+    // a converted map) allocates when it is destroyed, and a failure there would end the
+    // program (json_document).
+    detail::json_document document(nlohmann::json::object());
+    nlohmann::json& h = *document;
+    if (!metadata_.empty()) {
+      nlohmann::json& m = h["__metadata__"];
+      m = nlohmann::json::object();
+      for (const auto& kv : metadata_) m[kv.first] = kv.second;
+    }
     std::uint64_t offset = 0;
     for (const auto& t : tensors_) {
       const std::uint64_t size = t.second.data.size();
-      h[t.first] = {{"dtype", t.second.dtype},
-                    {"shape", t.second.shape},
-                    {"data_offsets", {offset, offset + size}}};
+      nlohmann::json& e = h[t.first];
+      e = nlohmann::json::object();
+      e["dtype"] = t.second.dtype;
+      nlohmann::json& shape = e["shape"];
+      shape = nlohmann::json::array();
+      for (const auto extent : t.second.shape) shape.push_back(extent);
+      nlohmann::json& offsets = e["data_offsets"];
+      offsets = nlohmann::json::array();
+      offsets.push_back(offset);
+      offsets.push_back(offset + size);
       offset += size;
     }
     std::string text = h.dump();

@@ -334,11 +334,10 @@ namespace families {
 /// false, new_decoder_architecture false; others are refused). A model that is not an ALiBi
 /// model of these families, or a missing field, is an alibi::error naming it.
 inline model_family from_config(const std::string& config_json) {
-  if (!detail::json_depth_ok(config_json.data(), config_json.data() + config_json.size()))
-    detail::raise(error("alibi::families::from_config: JSON nested deeper than " +
-                        detail::str(detail::max_json_depth) + " levels"));
-  const nlohmann::json j = nlohmann::json::parse(config_json, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
+  const detail::json_document document = detail::parse_json(
+      config_json.data(), config_json.data() + config_json.size(), "alibi::families::from_config");
+  const nlohmann::json& j = *document;
+  if (!j.is_object())
     detail::raise(error("alibi::families::from_config: the text is not a JSON object"));
   if (!j.contains("model_type") || !j.at("model_type").is_string())
     detail::raise(error("alibi::families::from_config: the config has no model_type"));
