@@ -61,14 +61,12 @@ struct mask_spec {
                                                     index_t len_k) const {
     index_range r{0, len_k};
     const index_t right = right_limit();
-    if (window_left >= 0) {
-      const index_t lo = q_pos - window_left - k_offset;
-      if (lo > r.begin) r.begin = lo;
-    }
-    if (right >= 0) {
-      const index_t hi = q_pos + right - k_offset + 1;
-      if (hi < r.end) r.end = hi;
-    }
+    // The query's distance into the keys first: positions and lengths are below 2^60 in
+    // magnitude, so d fits, and a window compared with d before it is added cannot overflow
+    // however wide it is (a window of 2^63 - 1 reaches every key).
+    const index_t d = q_pos - k_offset;
+    if (window_left >= 0 && window_left < d) r.begin = d - window_left;
+    if (right >= 0 && right < len_k - d - 1) r.end = d + right + 1;
     if (r.end < r.begin) r.end = r.begin;
     return r;
   }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The argument agreement of alibi::mpi: before any other collective, the ranks of a call
-// exchange a few words (one MPI_Allgather) saying whether each accepted its own arguments
+// exchange a few words (one MPI_Allreduce) saying whether each accepted its own arguments
 // and what must match on every rank, so that a refusal or a mismatch is the same kind of
 // alibi::error on every rank, never a hang. One mechanism (agreement) with one field list
 // per kind of call: the attention calls (ring, all-to-all), a tensor-parallel module's
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "alibi/attention.hpp"
@@ -58,58 +59,102 @@ std::int64_t view_hash(const V& view, index_t rows, index_t cols) {
 
 /// The words of one agreement: those every rank must hold equal, each named where it is
 /// set (the error names the first that differs, in the order they were added), then this
-/// rank's own words (sizes that may differ between ranks, returned to every rank).
+/// rank's own words (sizes that may differ between ranks, returned to every rank). Kept in
+/// fixed arrays: building an agreement allocates nothing, so a rank short of memory still
+/// takes part in it and says so.
 class agreement {
  public:
-  /// A word every rank must hold equal; `name` is what the error calls it.
+  /// The most words of each kind one agreement holds (the longest field list has about 30).
+  static constexpr int max_compared = 48, max_own = 4;
+
+  /// A word every rank must hold equal; `name` (a literal) is what the error calls it.
   void compare(const char* name, std::int64_t value) {
-    names_.push_back(name);
-    compared_.push_back(value);
+    if (compared_ == max_compared) return fields_full();
+    names_[compared_] = name;
+    values_[compared_++] = value;
   }
   /// A word of this rank's own, not compared.
-  void own(std::int64_t value) { own_.push_back(value); }
+  void own(std::int64_t value) {
+    if (owned_ == max_own) return fields_full();
+    own_[owned_++] = value;
+  }
+  /// The number of this call on the communicator (next_call_number), after check.
+  std::int64_t call_number() const { return call_; }
 
-  /// The collective half of an argument check: one MPI_Allgather of every rank's words
-  /// (first whether the rank accepted its own arguments: local_error empty; then the
-  /// compared words; then its own). Then every rank raises the same kind of alibi::error or
-  /// none: its own `local_error`, "rank r refused its arguments", or "the ranks disagree on"
-  /// and the name of the first compared word that differs. Returns every rank's own words,
-  /// rank-major.
+  /// The collective half of an argument check. First one MPI_Allreduce of every rank's
+  /// words (whether it refuses its call: `refused`, `local_error` saying why; the call
+  /// number; the compared words), which needs no memory beyond this object: then every rank
+  /// raises the same kind of alibi::error or none: its own `local_error`, "rank r refused
+  /// its arguments", or "the ranks disagree on" and the name of the first compared word that
+  /// differs. Then, when there are own words, one MPI_Allgather of them into `own_all`
+  /// (every rank's, rank-major), which the caller sized before (P times the own words; a
+  /// rank that could not is one that refuses).
+  void check_into(MPI_Comm comm, const char* fn, bool refused, const std::string& local_error,
+                  std::vector<std::int64_t>& own_all) {
+    const int P = comm_size(comm), rank = comm_rank(comm);
+    call_ = next_call_number(comm);
+    // [lowest refusing rank, then per field (the call number, then the compared words) the
+    // minimum, then the minimum of the complements: ~max].
+    const int fields = 1 + compared_;
+    std::int64_t words[1 + 2 * (1 + max_compared)];
+    words[0] = refused ? rank : P;
+    for (int f = 0; f < fields; ++f) {
+      const std::int64_t v = f == 0 ? call_ : values_[f - 1];
+      words[1 + f] = v;
+      words[1 + fields + f] = ~v;
+    }
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, words, 1 + 2 * fields, MPI_INT64_T, MPI_MIN, comm),
+              "MPI_Allreduce (argument check)");
+    if (refused)
+      raise(error(!local_error.empty()
+                      ? local_error
+                      : std::string(fn) + ": could not set up the call (out of memory)"));
+    if (words[0] < P)
+      raise(error(std::string(fn) + ": rank " + std::to_string(words[0]) +
+                  " refused its arguments (its error says why)"));
+    for (int f = 0; f < fields; ++f) {
+      const std::int64_t lo = words[1 + f], hi = ~words[1 + fields + f];
+      if (lo == hi) continue;
+      const std::int64_t v = f == 0 ? call_ : values_[f - 1];
+      raise(error(std::string(fn) + ": the ranks disagree on " +
+                  (f == 0 ? std::string("the call number (a rank made more alibi::mpi calls on "
+                                        "this communicator than another)")
+                          : std::string(names_[f - 1])) +
+                  ": the values range from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                  ", rank " + std::to_string(rank) + " has " + std::to_string(v)));
+    }
+    if (owned_ > 0)
+      check_mpi(MPI_Allgather(own_, owned_, MPI_INT64_T, own_all.data(), owned_, MPI_INT64_T, comm),
+                "MPI_Allgather (argument check)");
+  }
+
+  /// check_into for a caller that computed `local_error` (empty: none) before: returns every
+  /// rank's own words, rank-major.
   std::vector<std::int64_t> check(MPI_Comm comm, const std::string& fn,
-                                  const std::string& local_error) const {
-    const int P = comm_size(comm);
-    std::vector<std::int64_t> words(1, local_error.empty() ? 1 : 0);
-    words.insert(words.end(), compared_.begin(), compared_.end());
-    words.insert(words.end(), own_.begin(), own_.end());
-    const int count = static_cast<int>(words.size());
-    std::vector<std::int64_t> all(static_cast<std::size_t>(P) * static_cast<std::size_t>(count));
-    check_mpi(MPI_Allgather(words.data(), count, MPI_INT64_T, all.data(), count, MPI_INT64_T, comm),
-              "MPI_Allgather (argument check)");
-    auto word = [&](int r, int f) {
-      return all[static_cast<std::size_t>(r) * static_cast<std::size_t>(count) +
-                 static_cast<std::size_t>(f)];
-    };
-    if (!local_error.empty()) raise(error(local_error));
-    for (int r = 0; r < P; ++r)
-      if (word(r, 0) == 0)
-        raise(error(fn + ": rank " + std::to_string(r) +
-                    " refused its arguments (its error says why)"));
-    const int compared = 1 + static_cast<int>(compared_.size());
-    for (int f = 1; f < compared; ++f)
-      for (int r = 1; r < P; ++r)
-        if (word(r, f) != word(0, f))
-          raise(error(fn + ": the ranks disagree on " + names_[static_cast<std::size_t>(f - 1)] +
-                      ": rank 0 has " + std::to_string(word(0, f)) + ", rank " + std::to_string(r) +
-                      " has " + std::to_string(word(r, f))));
-    std::vector<std::int64_t> own;
-    for (int r = 0; r < P; ++r)
-      for (int f = compared; f < count; ++f) own.push_back(word(r, f));
-    return own;
+                                  const std::string& local_error) {
+    std::vector<std::int64_t> own_all;
+    bool refused = !local_error.empty();
+    try {
+      own_all.resize(static_cast<std::size_t>(comm_size(comm)) * static_cast<std::size_t>(owned_));
+    } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+      refused = true;
+    }
+    check_into(comm, fn.c_str(), refused, local_error, own_all);
+    return own_all;
   }
 
  private:
-  std::vector<const char*> names_;
-  std::vector<std::int64_t> compared_, own_;
+  /// A field list longer than the arrays: a defect of alibi, refused on every rank alike
+  /// (the lists are fixed in the code).
+  [[noreturn]] static void fields_full() {
+    raise(error("alibi::mpi: an agreement has more fields than it holds (raise max_compared)"));
+  }
+
+  const char* names_[max_compared] = {};
+  std::int64_t values_[max_compared] = {};
+  std::int64_t own_[max_own] = {};
+  int compared_ = 0, owned_ = 0;
+  std::int64_t call_ = 0;
 };
 
 /// The mask's words (causal, windows), which every rank must pass alike.
@@ -179,9 +224,11 @@ std::string attention_call_error(const std::string& fn, const Backend& backend,
            ": this rank's K or V part has more than 2^31 - 1 elements (one MPI message's "
            "count)";
   if (!extra_error.empty()) return extra_error;
-  // The shapes attention() will see (the masks apply at other positions).
+  // The shapes attention() will see, and the mask's own limits (windows in [0, 2^60) or -1,
+  // whatever the positions), so that a mask refused at a partial call is refused here on
+  // every rank, before any message: a rank without rows, or whose pairs the mask leaves
+  // empty, makes no partial call that could refuse it.
   attention_params p = params;
-  p.mask = {};
   p.q_lengths = p.k_lengths = {};  // over the whole sequences, checked by agree()
   p.key_mask = {};                 // checked above; the calls read a gathered copy
   const status s = can_implement(backend, q, k, v, out, p);
@@ -189,20 +236,21 @@ std::string attention_call_error(const std::string& fn, const Backend& backend,
 }
 
 /// The arguments' check the attention calls start with: this rank's own checks
-/// (attention_call_error), then the agreement of every rank on the call, after which every
-/// rank raises the same kind of alibi::error or none. `layout` and `far_chunks` are the
-/// call's options (compared). Returns every rank's row count.
-template <class Backend>
-std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& backend,
-                           const tensor_view<const float, 4>& q,
-                           const tensor_view<const float, 4>& k,
-                           const tensor_view<const float, 4>& v, const tensor_view<float, 4>& out,
-                           const tensor_view<float, 3>& lse, const attention_params& params,
-                           const host_params& host, std::int64_t layout, bool far_chunks,
-                           const std::string& extra_error) {
+/// (attention_call_error, with the function's own refusal extra_error() after them), then
+/// the agreement of every rank on the call, after which every rank raises the same kind of
+/// alibi::error or none. Everything this rank does before the agreement's collective,
+/// allocating included, is caught and reported through it, so every rank reaches it.
+/// `layout` and `far_chunks` are the call's options (compared). Returns every rank's row
+/// count in `lengths` and the call's number (agreement::call_number).
+template <class Backend, class Extra>
+std::int64_t agree(MPI_Comm comm, const char* fn, const Backend& backend,
+                   const tensor_view<const float, 4>& q, const tensor_view<const float, 4>& k,
+                   const tensor_view<const float, 4>& v, const tensor_view<float, 4>& out,
+                   const tensor_view<float, 3>& lse, const attention_params& params,
+                   const host_params& host, std::int64_t layout, bool far_chunks,
+                   Extra&& extra_error, std::vector<index_t>& lengths) {
+  static_assert(std::is_same<index_t, std::int64_t>::value, "rows travel as MPI_INT64_T");
   const int P = comm_size(comm);
-  const std::string local_error =
-      attention_call_error(fn, backend, q, k, v, out, lse, params, host, extra_error);
   const attention_params& hp = host.params;
   const index_t B = q.extents[0];
   agreement a;
@@ -224,25 +272,44 @@ std::vector<index_t> agree(MPI_Comm comm, const std::string& fn, const Backend& 
   a.compare("params.k_lengths", view_hash(hp.k_lengths, hp.k_lengths.extents[0], 1));
   a.compare("whether params.key_mask is given", given(params.key_mask) ? 1 : 0);
   a.own(q.extents[2]);  // this rank's rows
-  const std::vector<std::int64_t> rows = a.check(comm, fn, local_error);
-  std::vector<index_t> lengths(static_cast<std::size_t>(P));
+  bool refused = true;
+  std::string local_error;
+  try {
+    local_error = attention_call_error(fn, backend, q, k, v, out, lse, params, host, extra_error());
+    lengths.assign(static_cast<std::size_t>(P), 0);
+    refused = !local_error.empty();
+  } catch (const std::exception& e) {  // std::bad_alloc: this rank cannot take part
+    try {
+      local_error = std::string(fn) + ": " + e.what();
+    } catch (...) {
+      local_error.clear();
+    }
+  }
+  a.check_into(comm, fn, refused, local_error, lengths);
+  // The whole sequences' positions must stay below 2^60, as in attention() (every rank
+  // sums the same rows, so every rank raises alike).
+  constexpr index_t pos_limit = index_t(1) << 60;
   index_t total = 0;
   for (int r = 0; r < P; ++r)
-    total += lengths[static_cast<std::size_t>(r)] = rows[static_cast<std::size_t>(r)];
+    total = std::min(pos_limit, total + lengths[static_cast<std::size_t>(r)]);
+  if (total >= pos_limit)
+    raise(error(std::string(fn) + ": the sequence (the rows of every rank) must be shorter than "
+                                  "2^60 rows"));
   for (index_t b = 0; hp.k_lengths.data && b < B; ++b)
     if (hp.k_lengths(b) > total)
-      raise(error(fn + ": params.k_lengths(" + str(b) + ") = " + str(hp.k_lengths(b)) +
+      raise(error(std::string(fn) + ": params.k_lengths(" + str(b) + ") = " + str(hp.k_lengths(b)) +
                   " is longer than the sequence (" + str(total) + " rows over the ranks)"));
-  return lengths;
+  return a.call_number();
 }
 
 /// After agree (lengths: every rank's row count): an alibi::error on every rank unless every
-/// rank holds the same number of rows; `rule` says which rule asks it.
-inline void require_equal_rows(const std::string& fn, const char* rule,
+/// rank holds the same number of rows; `rule` says which rule asks it. Allocates only to
+/// raise (which every rank then does).
+inline void require_equal_rows(const char* fn, const char* rule,
                                const std::vector<index_t>& lengths) {
   for (std::size_t r = 1; r < lengths.size(); ++r)
     if (lengths[r] != lengths[0])
-      raise(error(fn + ": " + rule + ": rank 0 has " + str(lengths[0]) + ", rank " +
+      raise(error(std::string(fn) + ": " + rule + ": rank 0 has " + str(lengths[0]) + ", rank " +
                   std::to_string(r) + " has " + str(lengths[r])));
 }
 

@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: MIT
 // MPI error handling and the failure protocol of alibi::mpi: MPI return codes as
-// alibi::error (check_mpi), and the rule that a failure on one rank is raised on every rank
-// at the next check instead of leaving the others waiting in a collective (guarded collects
-// a staged backend's failure, all_succeeded shares it with one MPI_Allgather).
+// alibi::error (check_mpi), the rule that a failure on one rank is raised on every rank at
+// the next check instead of leaving the others waiting in a collective (a call_failure
+// records it, guarded / guard_all collect it, all_succeeded shares it with one
+// MPI_Allreduce), the per-communicator call number that keeps one call's messages from
+// pairing with another's, and the request set that keeps a message's buffer alive until
+// the message is done.
 #pragma once
 
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <string>
-#include <vector>
 
 #include "alibi/core/error.hpp"
 #include "alibi/mpi/staging.hpp"
@@ -40,20 +43,56 @@ inline int comm_size(MPI_Comm comm) {
   return P;
 }
 
-/// After a stretch of work in which a rank may have failed (a staged backend's copy or
-/// allocation, say: `failure` is this rank's, empty if none): one MPI_Allgather of a word
-/// per rank, then every rank raises, its own error or "rank r failed", or none does. So a
-/// failure on one rank never leaves the others waiting in the next collective.
+/// What failed on this rank during a call, if anything. Recording a failure never throws:
+/// when even its message cannot be kept (memory is short), the flag alone still takes the
+/// rank through the rest of the call's messages to the next check.
+class call_failure {
+ public:
+  bool failed() const noexcept { return failed_; }
+  void record(const char* fn, const char* what) noexcept {
+    if (failed_) return;  // the first failure is the cause; the rest follow from it
+    failed_ = true;
+    try {
+      message_ = std::string(fn) + ": " + what;
+    } catch (...) {
+      message_.clear();
+    }
+  }
+  /// The error this rank raises (building it may itself throw std::bad_alloc).
+  std::string message(const char* fn) const {
+    return message_.empty() ? std::string(fn) + ": failed (out of memory)" : message_;
+  }
+
+ private:
+  bool failed_ = false;
+  std::string message_;
+};
+
+/// Whether every rank's stretch of work succeeded: one MPI_Allreduce of a word per rank (the
+/// lowest failed rank, or the number of ranks), then every rank raises, its own error or
+/// "rank r failed", or none does. So a failure on one rank never leaves the others waiting
+/// in the next collective. Allocates nothing before the collective: a rank short of memory
+/// still reaches it.
+inline void all_succeeded(MPI_Comm comm, const char* fn, const call_failure& failure) {
+  const int P = comm_size(comm), rank = comm_rank(comm);
+  int mine = failure.failed() ? rank : P, lowest = P;
+  check_mpi(MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm),
+            "MPI_Allreduce (failure check)");
+  if (failure.failed()) raise(error(failure.message(fn)));
+  if (lowest < P)
+    raise(error(std::string(fn) + ": rank " + std::to_string(lowest) +
+                " failed (its error says why)"));
+}
+
+/// all_succeeded for a failure kept as a message (empty: none).
 inline void all_succeeded(MPI_Comm comm, const std::string& fn, const std::string& failure) {
-  const int P = comm_size(comm);
-  int mine = failure.empty() ? 1 : 0;
-  std::vector<int> all(static_cast<std::size_t>(P));
-  check_mpi(MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, comm),
-            "MPI_Allgather (failure check)");
+  const int P = comm_size(comm), rank = comm_rank(comm);
+  int mine = failure.empty() ? P : rank, lowest = P;
+  check_mpi(MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm),
+            "MPI_Allreduce (failure check)");
   if (!failure.empty()) raise(error(failure));
-  for (int r = 0; r < P; ++r)
-    if (all[static_cast<std::size_t>(r)] == 0)
-      raise(error(fn + ": rank " + std::to_string(r) + " failed (its error says why)"));
+  if (lowest < P)
+    raise(error(fn + ": rank " + std::to_string(lowest) + " failed (its error says why)"));
 }
 
 /// Runs f, for a staged backend with its exceptions caught into `failure` (the first only;
@@ -74,6 +113,89 @@ void guarded(std::string& failure, const std::string& fn, F&& f) {
     f();
   }
 }
+
+/// Runs f on any backend unless this rank already failed; an exception of f (an
+/// alibi::error, std::bad_alloc, a backend's error) is recorded in `failure` instead of
+/// leaving this rank's part of the call's messages undone. The caller keeps taking part in
+/// the call's fixed schedule of messages and raises at the next all_succeeded.
+template <class F>
+void guard_all(call_failure& failure, const char* fn, F&& f) {
+  if (failure.failed()) return;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    failure.record(fn, e.what());
+  }
+}
+
+/// The number of this call among the alibi::mpi calls on comm (1, 2, ...), counted on each
+/// rank: every call agrees on it, and its point-to-point tags carry it, so that a call never
+/// takes another call's messages for its own. Kept as an attribute of comm (in the
+/// attribute's pointer value itself: nothing to allocate or free); a duplicate of comm
+/// starts again from 1.
+inline std::int64_t next_call_number(MPI_Comm comm) {
+  static const int keyval = [] {
+    int k = MPI_KEYVAL_INVALID;
+    check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &k, nullptr),
+              "MPI_Comm_create_keyval (call numbers)");
+    return k;
+  }();
+  void* value = nullptr;
+  int found = 0;
+  check_mpi(MPI_Comm_get_attr(comm, keyval, &value, &found), "MPI_Comm_get_attr (call number)");
+  const std::int64_t n =
+      (found ? static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(value)) : 0) + 1;
+  check_mpi(MPI_Comm_set_attr(comm, keyval, reinterpret_cast<void*>(static_cast<std::intptr_t>(n))),
+            "MPI_Comm_set_attr (call number)");
+  return n;
+}
+
+/// The first point-to-point tag of call `call` that uses `per_call` tags: calls take turns
+/// through the tags comm allows (MPI_TAG_UB, at least 32767), so consecutive calls never
+/// share one.
+inline int call_tag_base(MPI_Comm comm, std::int64_t call, int per_call) {
+  void* value = nullptr;
+  int found = 0;
+  check_mpi(MPI_Comm_get_attr(comm, MPI_TAG_UB, &value, &found), "MPI_Comm_get_attr (MPI_TAG_UB)");
+  const std::int64_t ub = found ? *static_cast<int*>(value) : 32767;
+  const std::int64_t turns = per_call > 0 ? (ub + 1) / per_call : 1;
+  return turns > 1 ? static_cast<int>((call % turns) * per_call) : 0;
+}
+
+/// The non-blocking messages in flight: none of them outlives this object, which waits for
+/// them in its destructor (after cancelling them: the call is being abandoned), so that their
+/// buffers, declared before it, are never freed with a message pending.
+class request_set {
+ public:
+  static constexpr int capacity = 8;
+  request_set() {
+    for (MPI_Request& r : req_) r = MPI_REQUEST_NULL;
+  }
+  request_set(const request_set&) = delete;
+  request_set& operator=(const request_set&) = delete;
+  ~request_set() {
+    if (count_ == 0) return;
+    for (int i = 0; i < count_; ++i)
+      if (req_[i] != MPI_REQUEST_NULL) MPI_Cancel(&req_[i]);
+    MPI_Waitall(count_, req_, MPI_STATUSES_IGNORE);
+  }
+  /// Where the next request goes.
+  MPI_Request* next() {
+    if (count_ == capacity) raise(error("alibi::mpi: more requests than a request_set holds"));
+    return &req_[count_++];
+  }
+  int size() const { return count_; }
+  /// Waits for every message; they are done afterwards unless MPI reports an error.
+  void wait_all(const char* what) {
+    if (count_ == 0) return;
+    check_mpi(MPI_Waitall(count_, req_, MPI_STATUSES_IGNORE), what);
+    count_ = 0;
+  }
+
+ private:
+  MPI_Request req_[capacity];
+  int count_ = 0;
+};
 
 }  // namespace mpi
 }  // namespace detail

@@ -100,45 +100,54 @@ inline bool any_key(const mask_spec& m, index_t qpos, index_t qlen, index_t kpos
 /// The key mask over the whole sequences, (batch, L): every rank's (batch, rows) part of
 /// params.key_mask (a host copy) gathered with one MPI_Allgatherv, each rank's rows put at
 /// the positions of its segments; place() hands it to the backend (layer_ops::key_mask: the
-/// host array itself, or a copy in device memory). Empty when no key mask is given.
+/// host array itself, or a copy in device memory). Empty when no key mask is given. In three
+/// steps, so that a call can check that every rank allocated before the collective:
+/// prepare() (the buffers, and this rank's part; may throw), gather() (the collective, on
+/// every rank alike: whether a mask is given is agreed), assemble() (may throw).
 template <class Backend>
 class whole_key_mask {
  public:
-  whole_key_mask(MPI_Comm comm, const tensor_view<const bool, 2>& mine, index_t B,
-                 const std::vector<std::vector<segment>>& segs,
-                 const std::vector<index_t>& lengths) {
+  void prepare(const tensor_view<const bool, 2>& mine, index_t B, int rank,
+               const std::vector<index_t>& lengths) {
     if (!given(mine)) return;
     const int P = static_cast<int>(lengths.size());
-    const int rank = comm_rank(comm);
     index_t L = 0;
-    std::vector<int> counts(static_cast<std::size_t>(P)), displs(counts.size());
+    counts_.assign(static_cast<std::size_t>(P), 0);
+    displs_.assign(counts_.size(), 0);
     for (int r = 0; r < P; ++r) {
       const index_t c = B * lengths[static_cast<std::size_t>(r)];
       if (c + L * B > std::numeric_limits<int>::max())
         raise(error("alibi::mpi: a key mask of more than 2^31 - 1 elements"));
-      counts[static_cast<std::size_t>(r)] = static_cast<int>(c);
-      displs[static_cast<std::size_t>(r)] = static_cast<int>(L * B);
+      counts_[static_cast<std::size_t>(r)] = static_cast<int>(c);
+      displs_[static_cast<std::size_t>(r)] = static_cast<int>(L * B);
       L += lengths[static_cast<std::size_t>(r)];
     }
     const index_t n = lengths[static_cast<std::size_t>(rank)];
-    std::vector<char> send(static_cast<std::size_t>(B * n)), recv(static_cast<std::size_t>(B * L));
+    send_.assign(static_cast<std::size_t>(B * n), 0);
+    recv_.assign(static_cast<std::size_t>(B * L), 0);
+    host_.reset(new bool[static_cast<std::size_t>(B * L)]);
     for (index_t b = 0; b < B; ++b)
       for (index_t j = 0; j < n; ++j)
-        send[static_cast<std::size_t>(b * n + j)] = mine(b, j) ? 1 : 0;
-    check_mpi(MPI_Allgatherv(send.data(), static_cast<int>(send.size()), MPI_CHAR, recv.data(),
-                             counts.data(), displs.data(), MPI_CHAR, comm),
-              "MPI_Allgatherv (key mask)");
-    host_.reset(new bool[static_cast<std::size_t>(B * L)]);
-    for (int r = 0; r < P; ++r)
-      for (const segment& g : segs[static_cast<std::size_t>(r)])
-        for (index_t b = 0; b < B; ++b)
-          for (index_t i = 0; i < g.len; ++i)
-            host_[static_cast<std::size_t>(b * L + g.pos + i)] =
-                recv[static_cast<std::size_t>(displs[static_cast<std::size_t>(r)] +
-                                              b * lengths[static_cast<std::size_t>(r)] + g.row +
-                                              i)] != 0;
+        send_[static_cast<std::size_t>(b * n + j)] = mine(b, j) ? 1 : 0;
     B_ = B;
     L_ = L;
+  }
+  /// The collective (when a mask is given: `wanted`, the same on every rank).
+  void gather(MPI_Comm comm, bool wanted) {
+    if (!wanted) return;
+    check_mpi(MPI_Allgatherv(send_.data(), static_cast<int>(send_.size()), MPI_CHAR, recv_.data(),
+                             counts_.data(), displs_.data(), MPI_CHAR, comm),
+              "MPI_Allgatherv (key mask)");
+  }
+  void assemble(const std::vector<std::vector<segment>>& segs,
+                const std::vector<index_t>& lengths) {
+    if (!host_) return;
+    for (std::size_t r = 0; r < segs.size(); ++r)
+      for (const segment& g : segs[r])
+        for (index_t b = 0; b < B_; ++b)
+          for (index_t i = 0; i < g.len; ++i)
+            host_[static_cast<std::size_t>(b * L_ + g.pos + i)] =
+                recv_[static_cast<std::size_t>(displs_[r] + b * lengths[r] + g.row + i)] != 0;
   }
   /// Where the backend reads it (staged backends: a copy, queued on the stream).
   void place(const Backend& be) {
@@ -155,6 +164,8 @@ class whole_key_mask {
   }
 
  private:
+  std::vector<int> counts_, displs_;
+  std::vector<char> send_, recv_;
   std::unique_ptr<bool[]> host_;
   index_t B_ = 0, L_ = 0;
   backend_buffer<Backend, bool> scratch_;

@@ -32,10 +32,19 @@ namespace alibi {
 namespace detail {
 namespace mpi {
 
-/// One ring_attention call. The constructor agrees on the arguments with every rank and
-/// lays out the segments; run() plans, sets up, makes the P steps of the ring and finishes.
-/// Positions are global (q_offsets / k_offsets of each partial call), so the ALiBi
-/// distances and the masks are those of the whole sequences.
+/// One ring_attention call. The constructor keeps the arguments (it allocates nothing and
+/// makes no MPI call); run() agrees on them with every rank, sets up, makes the P steps of
+/// the ring and finishes. Positions are global (q_offsets / k_offsets of each partial call),
+/// so the ALiBi distances and the masks are those of the whole sequences.
+///
+/// Failures: after the agreement, every exception of this rank's work (an allocation, the
+/// backend's computation, a staged copy) is recorded in failure_ and the rest of its work
+/// skipped, while the rank keeps taking part in every message of the call: which messages
+/// a step sends depends only on agreed values (the lengths, the masks, the far-chunk
+/// decisions gathered from every rank), so the others never wait for it. Every rank raises
+/// at the next check (all_succeeded): after the setup, before the first message (every
+/// buffer a message uses is allocated by then), after each step for staged backends, and at
+/// the end.
 template <class Backend>
 class ring_call {
  public:
@@ -54,22 +63,23 @@ class ring_call {
         options_(options),
         rank_(comm_rank(comm)),
         P_(comm_size(comm)),
-        host_(backend, params),
-        lengths_(agree_lengths()),
-        segs_(segments_of_all(options.layout, lengths_)),
-        nseg_(segs_[static_cast<std::size_t>(rank_)].size()),
-        key_mask_(comm, host_.params.key_mask, B_, segs_, lengths_),
-        seq_len_(sequence_lengths()) {}
+        host_(backend, params) {}
   ring_call(const ring_call&) = delete;  // views and buffers point into this object
   ring_call& operator=(const ring_call&) = delete;
 
   void run(alibi::mpi::ring_stats* stats) {
-    plan_ring();
-    allocate();
-    clear_accumulators();
-    plan_pairs();
+    agree_lengths();
+    guard([&] { set_up(); });
+    all_succeeded(comm_, fn_, failure_);  // every buffer of every message is there
+    key_mask_.gather(comm_, given(params_.key_mask));
+    guard([&] {
+      key_mask_.assemble(segs_, lengths_);
+      key_mask_.place(backend_);
+      pack_own_part();
+      clear_accumulators();
+    });
     if (skipping_) plan_far_chunks();
-    // Every rank set up (staged: allocated and copied) before any part travels.
+    // Staged: every rank set up (allocated and copied) before any part travels.
     if constexpr (staged<Backend>) all_succeeded(comm_, fn_, failure_);
     for (int step = 0; step < P_; ++step) ring_step(step);
     finish(stats);
@@ -79,33 +89,52 @@ class ring_call {
   using ops = ops_of<Backend>;
   /// What to do with a pair (query segment of this rank, key segment of a rank).
   enum class pair_plan : char { compute, masked, skipped };
-  /// The messages of one step, and the parts in hand (one per direction).
+  /// The messages of one step (destroyed, so waited for, before the buffers they use: those
+  /// are members of this object), and the parts in hand (one per direction).
   struct messages {
-    MPI_Request req[8];
-    int count = 0;
+    request_set req;
     float* kin[2] = {};
     float* vin[2] = {};
   };
   /// Rows per partial call along a pair that far-chunk skipping cuts (see attend_pair).
   static constexpr index_t block_rows = 256;
+  /// Point-to-point tags per step: K and V, each direction.
+  static constexpr int tags_per_step = 4;
 
   // Setup: the plan of the ring, the buffers, the plan of the pairs.
 
-  /// The agreement of every rank on the call, and the zigzag layout's own rule. Returns
-  /// every rank's row count.
-  std::vector<index_t> agree_lengths() const {
+  /// The agreement of every rank on the call, and the zigzag layout's own rule: every
+  /// rank's row count, and the tags of this call's messages.
+  void agree_lengths() {
     using alibi::mpi::ring_layout;
     const bool zigzag = options_.layout == ring_layout::zigzag;
-    const std::vector<index_t> lengths =
-        agree(comm_, fn_, backend_, q_, k_, v_, out_, lse_, params_, host_,
-              static_cast<std::int64_t>(options_.layout), options_.skip_far_chunks,
-              zigzag && q_.extents[2] % 2 != 0
-                  ? fn_ + ": the zigzag layout needs an even number of rows per rank, got " +
-                        str(q_.extents[2])
-                  : std::string());
+    const std::int64_t call = agree(
+        comm_, fn_, backend_, q_, k_, v_, out_, lse_, params_, host_,
+        static_cast<std::int64_t>(options_.layout), options_.skip_far_chunks,
+        [&] {
+          return zigzag && q_.extents[2] % 2 != 0
+                     ? std::string(fn_) +
+                           ": the zigzag layout needs an even number of rows per rank, got " +
+                           str(q_.extents[2])
+                     : std::string();
+        },
+        lengths_);
     if (zigzag)
-      require_equal_rows(fn_, "the zigzag layout needs the same rows on every rank", lengths);
-    return lengths;
+      require_equal_rows(fn_, "the zigzag layout needs the same rows on every rank", lengths_);
+    tag_base_ = call_tag_base(comm_, call, tags_per_step * P_);
+  }
+
+  /// Everything this rank allocates for the call, before its first message: the segments,
+  /// the plans, the buffers of the parts, the far-chunk plan's.
+  void set_up() {
+    segs_ = segments_of_all(options_.layout, lengths_);
+    nseg_ = segs_[static_cast<std::size_t>(rank_)].size();
+    seq_len_ = sequence_lengths();
+    key_mask_.prepare(host_.params.key_mask, B_, rank_, lengths_);
+    plan_ring();
+    allocate();
+    plan_pairs();
+    if (skipping_) prepare_far_chunks();
   }
 
   /// Each sequence's length (params.k_lengths; the rows after it are padding).
@@ -163,12 +192,12 @@ class ring_call {
                                           params_.slopes.enabled, P_ * nseg_);
   }
 
-  /// Staged backends: their copies, allocations and computations may fail on one rank; the
-  /// failure is kept (the rest of this rank's work is skipped) and raised on every rank at
-  /// the next check (all_succeeded: after the setup, after each step, at the end).
+  /// This rank's work, whose failure (an allocation, the backend's computation or copy) is
+  /// kept (the rest of this rank's work is skipped) and raised on every rank at the next
+  /// check (all_succeeded).
   template <class F>
   void guard(F&& f) {
-    guarded<Backend>(failure_, fn_, f);
+    guard_all(failure_, fn_, f);
   }
 
   /// K/V parts travel as contiguous (batch, kv_heads, rows, dim) buffers in host memory; for
@@ -194,41 +223,36 @@ class ring_call {
         kbuf_[d][i].resize(kcap);
         vbuf_[d][i].resize(vcap);
       }
-    guard([&] {
-      copy_rows(backend_, k_, make_view(kbuf_[0][0].data(), B_, Hkv_, n_, Dk_));
-      copy_rows(backend_, v_, make_view(vbuf_[0][0].data(), B_, Hkv_, n_, Dv_));
-    });
     if constexpr (staged<Backend>)
-      guard([&] {
-        for (int d = 0; d < (ccw_ ? 2 : 1); ++d) {
-          ops::resize(kdev_[d], static_cast<index_t>(kcap));
-          ops::resize(vdev_[d], static_cast<index_t>(vcap));
-        }
-      });
+      for (int d = 0; d < (ccw_ ? 2 : 1); ++d) {
+        ops::resize(kdev_[d], static_cast<index_t>(kcap));
+        ops::resize(vdev_[d], static_cast<index_t>(vcap));
+      }
     rows_all_ = B_ * Hq_ * n_;
-    guard([&] {
-      ops::resize(acc_lse_, rows_all_);
-      ops::resize(part_out_, rows_all_ * Dv_);
-      ops::resize(part_lse_, rows_all_);
-      key_mask_.place(backend_);
-    });
+    ops::resize(acc_lse_, rows_all_);
+    ops::resize(part_out_, rows_all_ * Dv_);
+    ops::resize(part_lse_, rows_all_);
     acc_lse_v_ = make_view(acc_lse_.data(), B_, Hq_, n_);
     part_out_v_ = make_view(part_out_.data(), B_, Hq_, n_, Dv_);
     part_lse_v_ = make_view(part_lse_.data(), B_, Hq_, n_);
+  }
+
+  /// This rank's own K/V part into the first buffers, which step 0 sends.
+  void pack_own_part() {
+    copy_rows(backend_, k_, make_view(kbuf_[0][0].data(), B_, Hkv_, n_, Dk_));
+    copy_rows(backend_, v_, make_view(vbuf_[0][0].data(), B_, Hkv_, n_, Dv_));
   }
 
   /// Nothing yet: out 0 and lse -inf, which merge_partials treats as "no keys".
   void clear_accumulators() {
     constexpr float no_keys = -std::numeric_limits<float>::infinity();
     if constexpr (staged<Backend>) {
-      guard([&] {
-        for (index_t b = 0; b < B_; ++b)
-          for (index_t h = 0; h < Hq_ && n_ > 0 && Dv_ > 0; ++h)
-            ops::zero_rows(backend_, out_.ptr(b, h, 0), out_.strides[2], n_, Dv_);
-        const std::vector<float> host(static_cast<std::size_t>(rows_all_), no_keys);
-        stage(backend_, host.data(), acc_lse_.data(), rows_all_);
-        ops::fence(backend_);  // before `host` goes
-      });
+      for (index_t b = 0; b < B_; ++b)
+        for (index_t h = 0; h < Hq_ && n_ > 0 && Dv_ > 0; ++h)
+          ops::zero_rows(backend_, out_.ptr(b, h, 0), out_.strides[2], n_, Dv_);
+      const std::vector<float> host(static_cast<std::size_t>(rows_all_), no_keys);
+      stage(backend_, host.data(), acc_lse_.data(), rows_all_);
+      ops::fence(backend_);  // before `host` goes
     } else {
       for (index_t b = 0; b < B_; ++b)
         for (index_t h = 0; h < Hq_; ++h)
@@ -254,54 +278,68 @@ class ring_call {
         }
   }
 
-  /// The far-chunk plan needs the key norms of every segment (one MPI_Allgather of
-  /// (batch, kv_heads) maxima per segment) and this rank's query norms, from host copies.
-  void plan_far_chunks() {
-    attention_params pp = host_.params;
-    pp.mask = {};
-    pp.q_lengths = pp.k_lengths = {};  // the slopes and the scale are all it is asked for
-    alibi::detail::make_problem(q_, k_, v_, out_, pp, true, far_.prob, fn_.c_str())
-        .throw_if_failed();
-    far_.B = B_;
-    far_.Hq = Hq_;
-    far_.Hkv = Hkv_;
+  /// The far-chunk plan's buffers (set_up): the key norms of every segment, this rank's
+  /// query norms and decisions, staged backends' host copies.
+  void prepare_far_chunks() {
     for (const auto& rs : segs_) far_.segs.insert(far_.segs.end(), rs.begin(), rs.end());
-    std::vector<float> mine(nseg_ * static_cast<std::size_t>(B_ * Hkv_));
-    for (std::size_t a = 0; a < nseg_; ++a)
-      for (index_t b = 0; b < B_; ++b)
-        for (index_t h = 0; h < Hkv_; ++h) {
-          float m = 0.0f;  // NaN when a norm is NaN: such a segment is never skipped
-          const float* own =
-              kbuf_[0][0].data() + ((b * Hkv_ + h) * n_ + my_segments()[a].row) * Dk_;
-          for (index_t j = 0; j < valid(my_segments()[a], b); ++j)  // padding may hold NaN
-            m = max_keep_nan(m, row_norm(own + j * Dk_, Dk_));
-          mine[(a * static_cast<std::size_t>(B_) + static_cast<std::size_t>(b)) *
-                   static_cast<std::size_t>(Hkv_) +
-               static_cast<std::size_t>(h)] = m;
-        }
-    far_.kmax.resize(mine.size() * static_cast<std::size_t>(P_));
-    check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, far_.kmax.data(),
-                            static_cast<int>(mine.size()), MPI_FLOAT, comm_),
-              "MPI_Allgather (key norms)");
-    far_.rows = n_;
+    kmax_mine_.assign(nseg_ * static_cast<std::size_t>(B_ * Hkv_), 0.0f);
+    far_.kmax.assign(kmax_mine_.size() * static_cast<std::size_t>(P_), 0.0f);
     far_.seq_len = seq_len_;
-    tensor_view<const float, 4> qh = q_;
+    far_.qnorm.assign(static_cast<std::size_t>(rows_all_), 0.0f);
+    // Every part needed until this rank decides (a failed rank's decisions stay so).
+    decisions_.assign(static_cast<std::size_t>(P_), 1);
     if constexpr (staged<Backend>) {
       q_host_.resize(static_cast<std::size_t>(rows_all_ * Dk_));
-      guard([&] { copy_rows(backend_, q_, make_view(q_host_.data(), B_, Hq_, n_, Dk_)); });
-      qh = make_view<const float>(q_host_.data(), B_, Hq_, n_, Dk_);
       lse_host_.resize(static_cast<std::size_t>(rows_all_));
     }
-    far_.qnorm.resize(static_cast<std::size_t>(rows_all_));
-    for (index_t b = 0; b < B_; ++b)
-      for (index_t h = 0; h < Hq_; ++h)
-        for (index_t i = 0; i < n_; ++i)
-          far_.qnorm[static_cast<std::size_t>((b * Hq_ + h) * n_ + i)] =
-              row_norm(qh.ptr(b, h, i), Dk_);
     // The rows' logsumexp so far, which the bound compares with: host backends read the
     // accumulator itself; staged ones a copy, refreshed before each part is taken up (the
     // copy is older than the accumulator, a lower bound of it: the bound stays valid).
     far_.lse = staged<Backend> ? make_view(lse_host_.data(), B_, Hq_, n_) : acc_lse_v_;
+  }
+
+  /// The far-chunk plan needs the key norms of every segment (one MPI_Allgather of
+  /// (batch, kv_heads) maxima per segment, which every rank joins) and this rank's query
+  /// norms, from host copies.
+  void plan_far_chunks() {
+    guard([&] {
+      attention_params pp = host_.params;
+      pp.mask = {};
+      pp.q_lengths = pp.k_lengths = {};  // the slopes and the scale are all it is asked for
+      alibi::detail::make_problem(q_, k_, v_, out_, pp, true, far_.prob, fn_).throw_if_failed();
+      far_.B = B_;
+      far_.Hq = Hq_;
+      far_.Hkv = Hkv_;
+      far_.rows = n_;
+      for (std::size_t a = 0; a < nseg_; ++a)
+        for (index_t b = 0; b < B_; ++b)
+          for (index_t h = 0; h < Hkv_; ++h) {
+            float m = 0.0f;  // NaN when a norm is NaN: such a segment is never skipped
+            const float* own =
+                kbuf_[0][0].data() + ((b * Hkv_ + h) * n_ + my_segments()[a].row) * Dk_;
+            for (index_t j = 0; j < valid(my_segments()[a], b); ++j)  // padding may hold NaN
+              m = max_keep_nan(m, row_norm(own + j * Dk_, Dk_));
+            kmax_mine_[(a * static_cast<std::size_t>(B_) + static_cast<std::size_t>(b)) *
+                           static_cast<std::size_t>(Hkv_) +
+                       static_cast<std::size_t>(h)] = m;
+          }
+    });
+    check_mpi(
+        MPI_Allgather(kmax_mine_.data(), static_cast<int>(kmax_mine_.size()), MPI_FLOAT,
+                      far_.kmax.data(), static_cast<int>(kmax_mine_.size()), MPI_FLOAT, comm_),
+        "MPI_Allgather (key norms)");
+    guard([&] {
+      tensor_view<const float, 4> qh = q_;
+      if constexpr (staged<Backend>) {
+        copy_rows(backend_, q_, make_view(q_host_.data(), B_, Hq_, n_, Dk_));
+        qh = make_view<const float>(q_host_.data(), B_, Hq_, n_, Dk_);
+      }
+      for (index_t b = 0; b < B_; ++b)
+        for (index_t h = 0; h < Hq_; ++h)
+          for (index_t i = 0; i < n_; ++i)
+            far_.qnorm[static_cast<std::size_t>((b * Hq_ + h) * n_ + i)] =
+                row_norm(qh.ptr(b, h, i), Dk_);
+    });
   }
 
   /// Staged backends with far-chunk skipping: the host copy of the rows' logsumexp, made
@@ -427,14 +465,14 @@ class ring_call {
       const int src = along(rank_, step, 1 - d);  // the part in hand that came this way
       m.kin[d] = step == 0 ? kbuf_[0][0].data() : kbuf_[d][step % 2].data();
       m.vin[d] = step == 0 ? vbuf_[0][0].data() : vbuf_[d][step % 2].data();
-      const int tag = 4 * step + 2 * d;
+      const int tag = tag_base_ + tags_per_step * step + 2 * d;
       if (forwards(rank_, step, d)) {
         const index_t len = lengths_[static_cast<std::size_t>(src)];
         const int kn = static_cast<int>(B_ * Hkv_ * len * Dk_),
                   vn = static_cast<int>(B_ * Hkv_ * len * Dv_);
-        check_mpi(MPI_Isend(m.kin[d], kn, MPI_FLOAT, to[d], tag, comm_, &m.req[m.count++]),
+        check_mpi(MPI_Isend(m.kin[d], kn, MPI_FLOAT, to[d], tag, comm_, m.req.next()),
                   "MPI_Isend (K)");
-        check_mpi(MPI_Isend(m.vin[d], vn, MPI_FLOAT, to[d], tag + 1, comm_, &m.req[m.count++]),
+        check_mpi(MPI_Isend(m.vin[d], vn, MPI_FLOAT, to[d], tag + 1, comm_, m.req.next()),
                   "MPI_Isend (V)");
         sent_ += static_cast<std::int64_t>(kn + vn) * static_cast<std::int64_t>(sizeof(float));
       }
@@ -443,10 +481,10 @@ class ring_call {
         float* kto = kbuf_[d][(step + 1) % 2].data();
         float* vto = vbuf_[d][(step + 1) % 2].data();
         check_mpi(MPI_Irecv(kto, static_cast<int>(B_ * Hkv_ * len * Dk_), MPI_FLOAT, from[d], tag,
-                            comm_, &m.req[m.count++]),
+                            comm_, m.req.next()),
                   "MPI_Irecv (K)");
         check_mpi(MPI_Irecv(vto, static_cast<int>(B_ * Hkv_ * len * Dv_), MPI_FLOAT, from[d],
-                            tag + 1, comm_, &m.req[m.count++]),
+                            tag + 1, comm_, m.req.next()),
                   "MPI_Irecv (V)");
       }
     }
@@ -467,18 +505,22 @@ class ring_call {
           ++masked_;  // an empty segment
     });
     if (skipping_) {
-      guard([&] { refresh_lse(); });
-      std::vector<int> mine(static_cast<std::size_t>(P_), 0);
-      for (int s = 0; s < P_; ++s)
-        for (std::size_t a = 0; a < nseg_; ++a)
-          for (std::size_t c = 0; c < nseg_; ++c) {
-            pair_plan& pl = plan_of(s, a, c);
-            if (pl == pair_plan::compute && !(s == rank_ && a == c) &&
-                far_.negligible(my_segments()[a], segs_[static_cast<std::size_t>(s)][c]))
-              pl = pair_plan::skipped;
-            if (pl == pair_plan::compute) mine[static_cast<std::size_t>(s)] = 1;
-          }
-      check_mpi(MPI_Allgather(mine.data(), P_, MPI_INT, need_.data(), P_, MPI_INT, comm_),
+      guard([&] {
+        refresh_lse();
+        std::fill(decisions_.begin(), decisions_.end(), 0);
+        for (int s = 0; s < P_; ++s)
+          for (std::size_t a = 0; a < nseg_; ++a)
+            for (std::size_t c = 0; c < nseg_; ++c) {
+              pair_plan& pl = plan_of(s, a, c);
+              if (pl == pair_plan::compute && !(s == rank_ && a == c) &&
+                  far_.negligible(my_segments()[a], segs_[static_cast<std::size_t>(s)][c]))
+                pl = pair_plan::skipped;
+              if (pl == pair_plan::compute) decisions_[static_cast<std::size_t>(s)] = 1;
+            }
+      });
+      // Every rank joins, a failed one with what it decided so far: the plan of the
+      // messages is the gathered one, the same on every rank.
+      check_mpi(MPI_Allgather(decisions_.data(), P_, MPI_INT, need_.data(), P_, MPI_INT, comm_),
                 "MPI_Allgather (far-chunk plan)");
     }
     guard([&] { pairs_with(rank_, kpart, vpart, true); });
@@ -491,7 +533,7 @@ class ring_call {
       const int src = along(rank_, step, 1 - d);
       if (direction(rank_, src) != d) continue;
       if (!need_[static_cast<std::size_t>(rank_ * P_ + src)]) {
-        pairs_with(src, {}, {}, false);  // counts the pairs only
+        guard([&] { pairs_with(src, {}, {}, false); });  // counts the pairs only
         continue;
       }
       guard([&] {
@@ -511,9 +553,9 @@ class ring_call {
       first_step(m);
     else
       later_step(step, m);
-    if (m.count > 0) {
+    if (m.req.size() > 0) {
       const double t0 = MPI_Wtime();
-      check_mpi(MPI_Waitall(m.count, m.req, MPI_STATUSES_IGNORE), "MPI_Waitall (K/V ring)");
+      m.req.wait_all("MPI_Waitall (K/V ring)");
       waited_ += MPI_Wtime() - t0;
     }
     // Staged: the uploads of this step's host buffers are done before the next step's
@@ -528,7 +570,7 @@ class ring_call {
       if (given(lse_)) copy_rows(backend_, as_rows<const float>(acc_lse_v_), as_rows(lse_), false);
       ops::fence(backend_);  // staged: out and lse are written when the call returns
     });
-    if constexpr (staged<Backend>) all_succeeded(comm_, fn_, failure_);
+    all_succeeded(comm_, fn_, failure_);
     if (stats) {
       stats->chunk_calls += calls_;
       stats->chunks_masked += masked_;
@@ -539,8 +581,8 @@ class ring_call {
     }
   }
 
-  // The call's arguments; its sizes; then what the constructor lays out, in this order.
-  const std::string fn_ = "alibi::mpi::ring_attention";
+  // The call's arguments; its sizes; then what run() agrees on and sets up.
+  static constexpr const char* fn_ = "alibi::mpi::ring_attention";
   MPI_Comm comm_;
   const Backend& backend_;
   tensor_view<const float, 4> q_, k_, v_;
@@ -552,16 +594,15 @@ class ring_call {
   const index_t Dk_ = k_.extents[3], Dv_ = v_.extents[3];
   const int rank_, P_;
   const host_params host_;  // what the planning reads, in host memory
-  const std::vector<index_t> lengths_;
-  const std::vector<std::vector<segment>> segs_;
-  const std::size_t nseg_;  // the same on every rank
+  std::vector<index_t> lengths_;
+  int tag_base_ = 0;  // this call's first point-to-point tag
+  std::vector<std::vector<segment>> segs_;
+  std::size_t nseg_ = 0;  // the same on every rank
   whole_key_mask<Backend> key_mask_;
-  const std::vector<index_t> seq_len_;
-
-  // What run() sets up.
+  std::vector<index_t> seq_len_;
   std::vector<int> need_;
   bool skipping_ = false, ccw_ = false;
-  std::string failure_;
+  call_failure failure_;
   std::vector<float> kbuf_[2][2], vbuf_[2][2];
   backend_buffer<Backend, float> kdev_[2], vdev_[2];
   index_t rows_all_ = 0;
@@ -570,6 +611,8 @@ class ring_call {
   tensor_view<float, 4> part_out_v_{};
   std::vector<pair_plan> plan_;
   far_chunks far_;
+  std::vector<float> kmax_mine_;  // this rank's segments' key norms, (segs, batch, kv_heads)
+  std::vector<int> decisions_;    // whether this rank computes anything with each rank's part
   std::vector<float> q_host_, lse_host_;  // staged backends: q and the rows' logsumexp so far
   backend_buffer<Backend, index_t> index_scratch_[4];
   std::int64_t calls_ = 0, masked_ = 0, skipped_ = 0, sent_ = 0, full_ring_ = 0;
@@ -608,8 +651,11 @@ namespace mpi {
 /// the columns of its keys. Not supported (an alibi::error): per-batch offsets (the layout
 /// sets the positions), logsumexp and stats in params (use `lse`, `stats`).
 ///
-/// Errors: an argument this rank refuses, or ranks that disagree on what must match, is an
-/// alibi::error on every rank (one MPI_Allgather of a small descriptor decides), never a hang.
+/// Errors: an argument this rank refuses (the masks included), or ranks that disagree on what
+/// must match, is an alibi::error on every rank (one MPI_Allreduce of a small descriptor
+/// decides, before any other message), never a hang. A failure of this rank's work after that
+/// (std::bad_alloc, the backend's error) is an alibi::error on every rank at the next check,
+/// and the next call works (docs/mpi.md, "Failures").
 /// The K/V of a part travel both ways round the ring (K and V messages to the neighbours, sent
 /// while the parts in hand are computed): each rank gets a part the way that takes fewer hops
 /// (clockwise, rank r to r + 1, on a tie), and a part goes only as far as a rank further that
