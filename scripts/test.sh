@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs missing packages, then
 #   1. builds the unit tests and the fuzzer with AddressSanitizer and UndefinedBehaviorSanitizer
-#      (Debug, -O1) and runs the unit tests except the [heavy] grids, 40 fuzz seeds and the MPI
-#      tests on 3 ranks (skip with ALIBI_SANITIZE_TESTS=0);
+#      (Debug, -O1) and runs the unit tests except the [heavy] grids, the fault-injection tests,
+#      40 fuzz seeds and the MPI tests on 3 ranks (skip with ALIBI_SANITIZE_TESTS=0);
 #   2. builds every target in Release (with the CUDA targets when nvcc is found) and runs every
 #      ctest test: unit, consumer, example and fuzz (1,000 seeds) tests;
 #   3. builds the API reference (alibi_docs, Doxygen; any warning fails it).
@@ -26,15 +26,18 @@ if [ "${ALIBI_SANITIZE_TESTS:-1}" != 0 ]; then
   stage "sanitizers: configure and build the unit tests and the fuzzer"
   cmake -S . -B "$asan" -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Debug -DALIBI_SANITIZE=ON \
     -DALIBI_BUILD_BENCHMARKS=OFF -DALIBI_BUILD_EXAMPLES=OFF -DALIBI_CUDA=OFF
-  cmake --build "$asan" --parallel "$jobs" --target alibi_tests alibi_fuzz
+  cmake --build "$asan" --parallel "$jobs" --target alibi_tests alibi_fuzz alibi_fault_tests
   stage "sanitizers: unit tests (all but the [heavy] grids, which the Release run covers)"
   "$asan/tests/alibi_tests" "~[heavy]"
+  stage "sanitizers: every allocation of a call made to fail in turn"
+  "$asan/tests/alibi_fault_tests"
   stage "sanitizers: fuzz seeds 0-39"
   "$asan/tests/alibi_fuzz" 0 40
   if command -v mpirun > /dev/null; then
     stage "sanitizers: the MPI tests on 3 ranks (leak checks off: Open MPI keeps its own)"
-    cmake --build "$asan" --parallel "$jobs" --target alibi_mpi_ring alibi_mpi_tensor_parallel
-    for t in alibi_mpi_ring alibi_mpi_tensor_parallel; do
+    cmake --build "$asan" --parallel "$jobs" --target alibi_mpi_ring alibi_mpi_tensor_parallel \
+      alibi_mpi_faults
+    for t in alibi_mpi_ring alibi_mpi_tensor_parallel alibi_mpi_faults; do
       OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
         ASAN_OPTIONS=detect_leaks=0 mpirun -np 3 "$asan/tests/$t" | tail -1
     done
