@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // A Hugging Face checkpoint of an ALiBi model (BLOOM, MPT, Baichuan-13B, Falcon-RW) run with
-// alibi: the family and sizes from config.json, every layer loaded from the model's own
-// tensor names (packed q/k/v split by the loader), greedy decoding with one KV cache per
-// layer and the output head lm_head.weight, or the token embedding where the model ties them
-// (BLOOM, MPT, Falcon-RW). (Baichuan2's head normalizes its rows first; this example does not.)
+// alibi::causal_lm: the family and sizes from config.json, every layer loaded from the model's
+// own tensor names (packed q/k/v split by the loader), greedy decoding through the KV caches
+// the model keeps, and the output head lm_head.weight, or the token embedding where the model
+// ties them (BLOOM, MPT, Falcon-RW). (Baichuan2's head normalizes its rows first; causal_lm
+// does not.)
 //
 //   alibi_example_hf_checkpoint DIR [TOKEN...]   DIR holds config.json and model.safetensors
 //                                                (or model.safetensors.index.json)
@@ -13,6 +14,7 @@
 // the whole sequence without a cache picks.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,7 +25,7 @@
 
 #include <Eigen/Core>
 #include <alibi/alibi.hpp>
-#include <alibi/models/checkpoint.hpp>
+#include <alibi/models/causal_lm.hpp>
 
 namespace {
 
@@ -71,93 +73,42 @@ void write_tiny_bloom(const fs::path& dir) {
   w.write((dir / "model.safetensors").string());
 }
 
-template <class File>
-struct model {
-  alibi::model_family family;
-  std::vector<alibi::transformer_layer<float, cpu>> layers;
-  alibi::norm_layer<float, cpu> embedding_norm, final_norm;
-  std::vector<float> embedding;  // (vocab, E)
-  std::vector<float> head;       // (vocab, E): logits = final_norm(h) head^T
-  index_t E;
-
-  model(const File& file, alibi::model_family f)
-      : family(std::move(f)),
-        embedding_norm(family.norm()),
-        final_norm(family.norm()),
-        E(family.layer.attention.embed_dim) {
-    const std::string root = alibi::family_root(file, family);
-    for (index_t i = 0; i < family.num_layers; ++i) {
-      layers.emplace_back(family.layer, cpu{});
-      alibi::load_family_layer(layers.back(), file, family, i);
-    }
-    if (!family.embedding_norm.empty())
-      alibi::load_parameters(embedding_norm, file, root + family.embedding_norm + ".");
-    alibi::load_parameters(final_norm, file, root + family.final_norm + ".");
-    embedding = file.to_float(root + family.embedding + ".weight");
-    head = file.contains("lm_head.weight") ? file.to_float("lm_head.weight") : embedding;
-    if (head.size() != embedding.size())
-      throw std::runtime_error("lm_head.weight and the embedding differ in shape");
-  }
-  index_t vocab() const { return static_cast<index_t>(embedding.size()) / E; }
-
-  /// The most likely next token after `tokens` (one sequence), through the caches (the
-  /// tokens are appended) or without them (the tokens are the whole sequence).
-  int next(const std::vector<int>& tokens, std::vector<alibi::kv_cache<float, cpu>>* caches) {
-    const index_t n = static_cast<index_t>(tokens.size());
-    std::vector<float> x(static_cast<std::size_t>(n * E));
-    for (index_t i = 0; i < n; ++i)
-      std::copy_n(embedding.begin() + tokens[static_cast<std::size_t>(i)] * E, E,
-                  x.begin() + i * E);
-    const auto v = alibi::make_view(x.data(), index_t{1}, n, E);
-    alibi::forward_options opt;
-    opt.mask.causal = true;
-    if (!family.embedding_norm.empty()) embedding_norm.forward(v, v);
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      if (caches)
-        layers[l].forward(v, v, (*caches)[l], opt);
-      else
-        layers[l].forward(v, v, opt);
-    }
-    final_norm.forward(v, v);
-    const float* h = x.data() + (n - 1) * E;  // the last position's logits: h . head(t)
-    int best = 0;
-    double best_logit = -INFINITY;
-    for (index_t t = 0; t < vocab(); ++t) {
-      double logit = 0;
-      for (index_t e = 0; e < E; ++e) logit += double(h[e]) * head[t * E + e];
-      if (logit > best_logit) best_logit = logit, best = static_cast<int>(t);
-    }
-    return best;
-  }
-};
-
-template <class File>
-int run(const File& file, const alibi::model_family& family, std::vector<int> tokens) {
-  model<File> m(file, family);
-  for (int t : tokens)
-    if (t < 0 || t >= m.vocab())
-      throw std::runtime_error("token " + std::to_string(t) + " is outside the vocabulary [0, " +
-                               std::to_string(m.vocab()) + ")");
+/// Greedy decoding of `steps` tokens after `prompt` through the model's caches, checked
+/// against recomputing each prefix without them (a fresh prefill of the whole sequence).
+int run(alibi::causal_lm<float, cpu>& lm, std::vector<int> tokens) {
+  const alibi::model_family& family = lm.family();
   std::printf("%s: %lld layers, %lld features, %lld heads (%lld KV heads), vocabulary %lld\n",
-              family.name.c_str(), static_cast<long long>(family.num_layers),
-              static_cast<long long>(m.E), static_cast<long long>(family.layer.attention.q_heads),
-              static_cast<long long>(m.layers.front().self_attn().config().kv_heads),
-              static_cast<long long>(m.vocab()));
+              family.name.c_str(), static_cast<long long>(lm.num_layers()),
+              static_cast<long long>(lm.embed_dim()),
+              static_cast<long long>(family.layer.attention.q_heads),
+              static_cast<long long>(lm.layer(0).self_attn().config().kv_heads),
+              static_cast<long long>(lm.vocab()));
   const int steps = 8;
-  std::vector<alibi::kv_cache<float, cpu>> caches;
-  for (const auto& layer : m.layers)
-    caches.push_back(alibi::kv_cache<float, cpu>::for_module(
-        layer, 1, static_cast<index_t>(tokens.size()) + steps));
-  std::vector<int> pending = tokens;  // not yet in the caches
-  int mismatches = 0;
-  std::printf("generated:");
+  const index_t capacity = static_cast<index_t>(tokens.size()) + steps;
+  std::vector<float> logits(static_cast<std::size_t>(lm.vocab()));
+  const auto lv = alibi::make_view(logits.data(), 1, lm.vocab());
+  auto argmax = [&] {
+    return static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  };
+  auto prefill = [&](const std::vector<int>& t) {
+    const std::vector<std::int32_t> t32(t.begin(), t.end());
+    lm.start(1, capacity);
+    lm.prefill(alibi::make_view<const std::int32_t>(t32.data(), 1, index_t(t32.size())), lv);
+  };
+  prefill(tokens);  // the prompt; no mask to set: the model is causal by construction
+  std::vector<int> generated;
   for (int s = 0; s < steps; ++s) {
-    const int cached = m.next(pending, &caches);
-    const int recomputed = m.next(tokens, nullptr);
-    mismatches += cached != recomputed;
-    std::printf(" %d", cached);
-    tokens.push_back(cached);
-    pending = {cached};
+    generated.push_back(argmax());
+    const std::int32_t t = generated.back();
+    if (s + 1 < steps) lm.decode(alibi::make_view<const std::int32_t>(&t, 1), lv);
+  }
+  std::printf("generated:");
+  int mismatches = 0;
+  for (int s = 0; s < steps; ++s) {
+    prefill(tokens);  // the prompt and the tokens generated before step s, without caches
+    mismatches += argmax() != generated[static_cast<std::size_t>(s)];
+    std::printf(" %d", generated[static_cast<std::size_t>(s)]);
+    tokens.push_back(generated[static_cast<std::size_t>(s)]);
   }
   std::printf("\ncached decoding %s recomputing the whole sequence\n",
               mismatches == 0 ? "picks the same tokens as" : "DIFFERS FROM");
@@ -179,14 +130,12 @@ int main(int argc, char** argv) {
       write_tiny_bloom(dir);
     }
     if (tokens.empty()) tokens = {1, 7, 3, 12};
-    const alibi::model_family family =
-        alibi::families::from_config_file((dir / "config.json").string());
-    int rc;
-    if (fs::exists(dir / "model.safetensors.index.json"))
-      rc = run(alibi::sharded_safetensors::open((dir / "model.safetensors.index.json").string()),
-               family, tokens);
-    else
-      rc = run(alibi::safetensors::read((dir / "model.safetensors").string()), family, tokens);
+    auto lm = alibi::causal_lm<float, cpu>::from_directory(dir.string());
+    for (int t : tokens)
+      if (t < 0 || t >= lm.vocab())
+        throw std::runtime_error("token " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                 std::to_string(lm.vocab()) + ")");
+    const int rc = run(lm, tokens);
     if (argc <= 1) fs::remove_all(dir);
     return rc;
   } catch (const std::exception& e) {

@@ -4,11 +4,13 @@
 // as a system include: <alibi/alibi.hpp> and the templates a CPU user instantiates first
 // (attention on both host backends with fp32 and half-precision K/V, K in blocks, the Eigen
 // adapters, safetensors, a Transformer layer with fp32 and fp16 KV caches, a model family's layer
-// and norm) must compile warning-free everywhere. Also compiled with -fno-exceptions and
-// ALIBI_THROW defined.
+// and norm, a causal_lm) must compile warning-free everywhere. Also compiled with -fno-exceptions
+// and ALIBI_THROW defined.
+#include <cstdint>
 #include <vector>
 
 #include <alibi/alibi.hpp>
+#include <alibi/models/causal_lm.hpp>
 
 using alibi::index_t;
 
@@ -79,4 +81,13 @@ void model_family(const std::vector<unsigned char>& bytes, std::vector<float>& x
   const auto xv = alibi::make_view(x.data(), index_t{1}, index_t{4}, index_t{16});
   layer.forward(xv, xv);
   norm.forward(xv, xv);
+}
+
+void causal_lm(const std::vector<unsigned char>& bytes, std::vector<float>& logits) {
+  const alibi::model_family f = alibi::families::from_config("{\"model_type\": \"bloom\"}");
+  alibi::causal_lm<float, alibi::backend::eigen, Eigen::half> lm(alibi::safetensors::parse(bytes),
+                                                                 f);
+  lm.start(1, 8);
+  const std::int32_t t = 1;
+  lm.decode(alibi::make_view(&t, index_t{1}), alibi::make_view(logits.data(), 1, lm.vocab()));
 }
