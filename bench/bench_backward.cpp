@@ -47,8 +47,8 @@ struct backward_inputs : alibi_bench::inputs {
     };
     alibi::attention_backward(be, qv(), kv(), vv(),
                               alibi::make_view(out.data(), 1, heads, len_q, dim),
-                              alibi::make_view(dout.data(), 1, heads, len_q, dim), params.logsumexp,
-                              view(dq), view(dk), view(dv), params);
+                              alibi::make_view(dout.data(), 1, heads, len_q, dim), params,
+                              alibi::attention_gradients<float>{view(dq), view(dk), view(dv)});
   }
 };
 

@@ -43,16 +43,19 @@ int main() {
   auto dkv = alibi::view_bshd(dk.data(), batch, seq, kv_heads, head_dim);
   auto dvv = alibi::view_bshd(dv.data(), batch, seq, kv_heads, head_dim);
   auto dsv = alibi::make_view(dslopes.data(), 1, heads);
-  alibi::attention_backward(cpu, qv, kv, vv, ov, dov, params.logsumexp, dqv, dkv, dvv, params, dsv);
+  // params.logsumexp, written by the forward, is read here: pass the forward's params.
+  alibi::attention_backward(cpu, qv, kv, vv, ov, dov, params,
+                            alibi::attention_gradients<float>{dqv, dkv, dvv, dsv});
 
   // The same gradients from the reference backend (double), for comparison.
   std::vector<double> rq(n_q), rk(n_kv), rv(n_kv);
   std::vector<float> rs(static_cast<std::size_t>(heads));
-  alibi::attention_backward(alibi::backend::reference{}, qv, kv, vv, ov, dov, params.logsumexp,
-                            alibi::view_bshd(rq.data(), batch, seq, heads, head_dim),
-                            alibi::view_bshd(rk.data(), batch, seq, kv_heads, head_dim),
-                            alibi::view_bshd(rv.data(), batch, seq, kv_heads, head_dim), params,
-                            alibi::make_view(rs.data(), 1, heads));
+  alibi::attention_gradients<double> ref;
+  ref.dq = alibi::view_bshd(rq.data(), batch, seq, heads, head_dim);
+  ref.dk = alibi::view_bshd(rk.data(), batch, seq, kv_heads, head_dim);
+  ref.dv = alibi::view_bshd(rv.data(), batch, seq, kv_heads, head_dim);
+  ref.dslopes = alibi::make_view(rs.data(), 1, heads);
+  alibi::attention_backward(alibi::backend::reference{}, qv, kv, vv, ov, dov, params, ref);
   auto worst = [](const std::vector<float>& a, const std::vector<double>& b) {
     double w = 0, scale = 0;
     for (std::size_t i = 0; i < a.size(); ++i) {

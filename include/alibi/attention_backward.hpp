@@ -75,8 +75,8 @@ status make_backward_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 
                              attention_problem& prob) {
   constexpr const char* fn = "alibi::attention_backward";
   if (status s = make_problem(q, k, v, out, params, host_values, prob, fn); !s) return s;
-  // params.logsumexp is the forward's output; the backward takes the logsumexp as `lse`
-  // and never writes it (passing the forward's params unchanged is fine).
+  // params.logsumexp is the forward's output, which the backward reads (as `lse`) and never
+  // writes.
   prob.lse = {};
   if (status s = check_same_shape(fn, "dout", dout, "out", out); !s) return s;
   if (status s = check_same_shape(fn, "dq", dq, "q", q); !s) return s;
@@ -85,12 +85,16 @@ status make_backward_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 
   const index_t bhq[] = {prob.batch, prob.q_heads, prob.q_len};
   for (int d = 0; d < 3; ++d)
     if (lse.extents[d] != bhq[d])
-      return status::failure(std::string(fn) +
-                             ": lse (the forward's logsumexp) must have shape (batch, q_heads, "
-                             "q_len) = (" +
-                             str(bhq[0]) + ", " + str(bhq[1]) + ", " + str(bhq[2]) +
-                             "), but extent(" + str(d) + ") is " + str(lse.extents[d]));
-  if (status s = check_view(fn, "lse", lse); !s) return s;
+      return status::failure(
+          std::string(fn) +
+          ": params.logsumexp (the forward's logsumexp, which the backward reads) must have "
+          "shape (batch, q_heads, q_len) = (" +
+          str(bhq[0]) + ", " + str(bhq[1]) + ", " + str(bhq[2]) + "), but extent(" + str(d) +
+          ") is " + str(lse.extents[d]) +
+          (lse.data == nullptr ? "; run the forward with params.logsumexp set, then pass the "
+                                 "same params here"
+                               : ""));
+  if (status s = check_view(fn, "params.logsumexp", lse); !s) return s;
   const bool want_dslopes =
       dslopes.data != nullptr || dslopes.extents[0] != 0 || dslopes.extents[1] != 0;
   if (want_dslopes) {
@@ -151,30 +155,49 @@ status prepare_backward(const Backend& backend, const tensor_view<TQ, 4>& q,
 
 }  // namespace detail
 
-/// Checks every argument of attention_backward without throwing (the backend's own limits
-/// too). attention_backward() performs exactly this check.
-template <class Backend, class TQ, class TK, class TV, class TO, class TD, class TG1, class TG2,
-          class TG3, class Isa = detail::isa_tag>
-status can_implement_backward(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
-                              tensor_view<TV, 4> v, tensor_view<TO, 4> out, tensor_view<TD, 4> dout,
-                              tensor_view<const float, 3> lse, tensor_view<TG1, 4> dq,
-                              tensor_view<TG2, 4> dk, tensor_view<TG3, 4> dv,
-                              const attention_params& params = {},
-                              tensor_view<float, 2> dslopes = {}) {
-  detail::attention_problem prob;
-  detail::attention_backward_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>,
-                                     std::remove_const_t<TO>, TG1, Isa>
-      t;
-  return detail::prepare_backward(backend, q, k, v, out, dout, lse, dq, dk, dv, dslopes, params,
-                                  prob, t);
+/// Where attention_backward writes the gradients, by name: dq, dk and dv must have the
+/// shapes of q, k and v, and one element type; dslopes is optional.
+template <class TG = float>
+struct attention_gradients {
+  tensor_view<TG, 4> dq;            // (B, Hq, Lq, D)
+  tensor_view<TG, 4> dk;            // (B, Hkv, Lk, D), summed over each GQA group's query heads
+  tensor_view<TG, 4> dv;            // (B, Hkv, Lk, Dv), likewise
+  tensor_view<float, 2> dslopes{};  // (1 or B, Hq): d loss / d slope, or omitted
+};
+
+namespace detail {
+
+/// params.logsumexp as the backward reads it.
+inline tensor_view<const float, 3> forward_logsumexp(const attention_params& params) {
+  return params.logsumexp;
 }
 
-/// The gradients of alibi::attention. Given the forward's inputs q, k, v, its output `out`
-/// and logsumexp `lse` (params.logsumexp of the forward call, natural log), and dout = d
-/// loss / d out, writes dq, dk, dv (dk and dv summed over each GQA group's query heads) and,
-/// when given, dslopes = d loss / d slope, shape (1 or batch, q_heads): with one row the
-/// batch entries' contributions are summed. `params` is the forward's (the same masks,
-/// lengths, offsets, key mask, slopes and scale; its logsumexp view is ignored).
+}  // namespace detail
+
+/// Checks every argument of attention_backward without throwing (the backend's own limits
+/// too). attention_backward() performs exactly this check.
+template <class Backend, class TQ, class TK, class TV, class TO, class TD, class TG,
+          class Isa = detail::isa_tag>
+status can_implement_backward(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
+                              tensor_view<TV, 4> v, tensor_view<TO, 4> out, tensor_view<TD, 4> dout,
+                              const attention_params& params,
+                              const attention_gradients<TG>& grads) {
+  detail::attention_problem prob;
+  detail::attention_backward_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>,
+                                     std::remove_const_t<TO>, TG, Isa>
+      t;
+  return detail::prepare_backward(backend, q, k, v, out, dout, detail::forward_logsumexp(params),
+                                  grads.dq, grads.dk, grads.dv, grads.dslopes, params, prob, t);
+}
+
+/// The gradients of alibi::attention. Given the forward's inputs q, k, v, its output `out`,
+/// dout = d loss / d out, and the forward's `params` (the same masks, lengths, offsets, key
+/// mask, slopes and scale, and params.logsumexp, which the forward wrote: the softmax's
+/// natural-log normalizer of every row, (batch, q_heads, q_len)), writes the gradients to
+/// `grads`: dq, dk, dv (dk and dv summed over each GQA group's query heads) and, when given,
+/// dslopes = d loss / d slope, shape (1 or batch, q_heads): with one row the batch entries'
+/// contributions are summed. The logsumexp has one way in and out: params.logsumexp, written
+/// by the forward, read here (never written).
 ///
 /// Every element of dq, dk, dv (and dslopes) is written: zeros for padded query rows,
 /// keys past a length or excluded by the key mask, and rows without keys. Memory the
@@ -182,20 +205,19 @@ status can_implement_backward(const Backend& backend, tensor_view<TQ, 4> q, tens
 /// padded query rows is not read. Outputs must not alias inputs. With
 /// params.skip_far_tiles (the default), the fused backend skips (query tile, key tile)
 /// pairs whose total softmax weight is provably below 2^-25 per side of each row; the
-/// resulting change of the gradients is bounded in docs/far-tile-skipping.md ("In the backward pass"). Throws
-/// alibi::error for invalid arguments.
-template <class Backend, class TQ, class TK, class TV, class TO, class TD, class TG1, class TG2,
-          class TG3, class Isa = detail::isa_tag>
+/// resulting change of the gradients is bounded in docs/far-tile-skipping.md ("In the
+/// backward pass"). Throws alibi::error for invalid arguments.
+template <class Backend, class TQ, class TK, class TV, class TO, class TD, class TG,
+          class Isa = detail::isa_tag>
 void attention_backward(const Backend& backend, tensor_view<TQ, 4> q, tensor_view<TK, 4> k,
                         tensor_view<TV, 4> v, tensor_view<TO, 4> out, tensor_view<TD, 4> dout,
-                        tensor_view<const float, 3> lse, tensor_view<TG1, 4> dq,
-                        tensor_view<TG2, 4> dk, tensor_view<TG3, 4> dv,
-                        const attention_params& params = {}, tensor_view<float, 2> dslopes = {}) {
+                        const attention_params& params, const attention_gradients<TG>& grads) {
   detail::attention_problem prob;
   detail::attention_backward_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>,
-                                     std::remove_const_t<TO>, TG1, Isa>
+                                     std::remove_const_t<TO>, TG, Isa>
       t;
-  detail::prepare_backward(backend, q, k, v, out, dout, lse, dq, dk, dv, dslopes, params, prob, t)
+  detail::prepare_backward(backend, q, k, v, out, dout, detail::forward_logsumexp(params), grads.dq,
+                           grads.dk, grads.dv, grads.dslopes, params, prob, t)
       .throw_if_failed();
   detail::attention_backward_impl<Backend>::run(backend, prob, t);
 }

@@ -3,6 +3,7 @@
 // forward (double), the fused CPU backward against the reference backward on the shared case
 // grid (NaN-filled padding, guard elements, the tolerance rule), thread-count independence,
 // far-tile skipping, dslopes, and argument errors.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -21,6 +22,47 @@ using alibi::index_t;
 using alibi_test::case_spec;
 
 namespace {
+
+/// attention_backward with the forward's logsumexp `lse` and the gradients in the order the
+/// backward writes them: the cases below name each argument at the call.
+alibi::attention_params with_lse(const alibi::attention_params& params,
+                                 alibi::tensor_view<const float, 3> lse) {
+  alibi::attention_params p = params;
+  // The backward only reads params.logsumexp, whose type is the forward's output's.
+  p.logsumexp = alibi::make_strided_view<float, 3>(
+      const_cast<float*>(lse.data), {lse.extents[0], lse.extents[1], lse.extents[2]},
+      {lse.strides[0], lse.strides[1], lse.strides[2]});
+  return p;
+}
+
+template <class Backend, class TQ, class TK, class TV, class TO, class TD, class TG>
+void backward_with(const Backend& be, alibi::tensor_view<TQ, 4> q, alibi::tensor_view<TK, 4> k,
+                   alibi::tensor_view<TV, 4> v, alibi::tensor_view<TO, 4> out,
+                   alibi::tensor_view<TD, 4> dout, alibi::tensor_view<const float, 3> lse,
+                   alibi::tensor_view<TG, 4> dq, alibi::tensor_view<TG, 4> dk,
+                   alibi::tensor_view<TG, 4> dv, const alibi::attention_params& params,
+                   alibi::tensor_view<float, 2> dslopes = {}) {
+  alibi::attention_gradients<TG> g;
+  g.dq = dq;
+  g.dk = dk;
+  g.dv = dv;
+  g.dslopes = dslopes;
+  alibi::attention_backward(be, q, k, v, out, dout, with_lse(params, lse), g);
+}
+
+template <class Backend, class TQ, class TK, class TV, class TO, class TD, class TG>
+alibi::status can_implement_backward_with(
+    const Backend& be, alibi::tensor_view<TQ, 4> q, alibi::tensor_view<TK, 4> k,
+    alibi::tensor_view<TV, 4> v, alibi::tensor_view<TO, 4> out, alibi::tensor_view<TD, 4> dout,
+    alibi::tensor_view<const float, 3> lse, alibi::tensor_view<TG, 4> dq,
+    alibi::tensor_view<TG, 4> dk, alibi::tensor_view<TG, 4> dv,
+    const alibi::attention_params& params) {
+  alibi::attention_gradients<TG> g;
+  g.dq = dq;
+  g.dk = dk;
+  g.dv = dv;
+  return alibi::can_implement_backward(be, q, k, v, out, dout, with_lse(params, lse), g);
+}
 
 // ---------------------------------------------------------------------------------------
 // Finite differences (double).
@@ -99,11 +141,11 @@ void check_finite_differences(fd_problem& pr) {
   alibi::attention(alibi::backend::reference{}, qv, kv, vv, ov, p);
   alibi::tensor_view<float, 2> dsv{};
   if (pr.slope_rows > 0) dsv = alibi::make_view(dslopes.data(), pr.slope_rows, pr.Hq);
-  alibi::attention_backward(alibi::backend::reference{}, qv, kv, vv, ov,
-                            alibi::make_view(pr.dout.data(), pr.B, pr.Hq, pr.Lq, pr.Dv),
-                            p.logsumexp, alibi::make_view(dq.data(), pr.B, pr.Hq, pr.Lq, pr.D),
-                            alibi::make_view(dk.data(), pr.B, pr.Hkv, pr.Lk, pr.D),
-                            alibi::make_view(dv.data(), pr.B, pr.Hkv, pr.Lk, pr.Dv), p, dsv);
+  backward_with(alibi::backend::reference{}, qv, kv, vv, ov,
+                alibi::make_view(pr.dout.data(), pr.B, pr.Hq, pr.Lq, pr.Dv), p.logsumexp,
+                alibi::make_view(dq.data(), pr.B, pr.Hq, pr.Lq, pr.D),
+                alibi::make_view(dk.data(), pr.B, pr.Hkv, pr.Lk, pr.D),
+                alibi::make_view(dv.data(), pr.B, pr.Hkv, pr.Lk, pr.Dv), p, dsv);
   auto numeric = [&](std::vector<double>& x) {
     std::vector<double> g(x.size());
     for (std::size_t e = 0; e < x.size(); ++e) {
@@ -257,8 +299,8 @@ struct backward_case {
     const index_t rows = c.spec.caller_slopes ? c.spec.batch : 1;
     alibi::tensor_view<float, 2> ds{};
     if (with_dslopes) ds = alibi::make_view(g.dslopes.data(), rows, c.spec.hq);
-    alibi::attention_backward(be, c.q.view, c.k.view, c.v.view, out.view, dout.view, p.logsumexp,
-                              g.dq.view, g.dk.view, g.dv.view, p, ds);
+    backward_with(be, c.q.view, c.k.view, c.v.view, out.view, dout.view, p.logsumexp, g.dq.view,
+                  g.dk.view, g.dv.view, p, ds);
   }
 };
 
@@ -287,11 +329,11 @@ backward_oracle make_oracle(backward_case& bc) {
   std::vector<float> dsf(o.dslopes.size());
   alibi::tensor_view<float, 2> dsfv{};
   if (bc.with_dslopes) dsfv = alibi::make_view(dsf.data(), rows, s.hq);
-  alibi::attention_backward(
-      alibi::backend::reference{}, bc.c.q.view, bc.c.k.view, bc.c.v.view, bc.out.view, bc.dout.view,
-      bc.params.logsumexp, alibi::make_view(o.dq.data(), s.batch, s.hq, s.lq, s.d),
-      alibi::make_view(o.dk.data(), s.batch, s.hkv, s.lk, s.d),
-      alibi::make_view(o.dv.data(), s.batch, s.hkv, s.lk, s.v_dim()), bc.params, dsfv);
+  backward_with(alibi::backend::reference{}, bc.c.q.view, bc.c.k.view, bc.c.v.view, bc.out.view,
+                bc.dout.view, bc.params.logsumexp,
+                alibi::make_view(o.dq.data(), s.batch, s.hq, s.lq, s.d),
+                alibi::make_view(o.dk.data(), s.batch, s.hkv, s.lk, s.d),
+                alibi::make_view(o.dv.data(), s.batch, s.hkv, s.lk, s.v_dim()), bc.params, dsfv);
   (void)dsv;
   for (std::size_t e = 0; e < dsf.size(); ++e) o.dslopes[e] = dsf[e];
 
@@ -555,8 +597,8 @@ struct dense_case {
       ds = alibi::make_view(dslopes->data(), 1, H);
     }
     auto g = [&](std::vector<G>& x) { return alibi::make_view(x.data(), 1, H, L, D); };
-    alibi::attention_backward(be, view(q), view(k), view(v), view(out), view(dout), p.logsumexp,
-                              g(dq), g(dk), g(dv), pp, ds);
+    backward_with(be, view(q), view(k), view(v), view(out), view(dout), p.logsumexp, g(dq), g(dk),
+                  g(dv), pp, ds);
   }
 };
 
@@ -581,8 +623,9 @@ TEST_CASE("backward far-tile skipping skips work and stays within its proven bou
   CHECK(off.tiles_skipped == 0);
   CHECK(on.tiles_skipped > on.tiles_computed / 4);
   CHECK(on.tiles_skipped + on.tiles_computed == off.tiles_computed);
-  // The bound (docs/far-tile-skipping.md, "In the backward pass"): a row loses at most 2^-24 of its probability
-  // (2^-25 per side, each skipped weight at most 2^-25), |dP_ij - D_i| <= 2 |dO_i| max|v|.
+  // The bound (docs/far-tile-skipping.md, "In the backward pass"): a row loses at most 2^-24 of its
+  // probability (2^-25 per side, each skipped weight at most 2^-25), |dP_ij - D_i| <= 2 |dO_i|
+  // max|v|.
   const double eps25 = std::ldexp(1.0, -25), scale = 1.0 / std::sqrt(32.0);
   double vmax = 0, kmax = 0;
   for (index_t r = 0; r < c.H * c.L; ++r) {
@@ -671,56 +714,54 @@ TEST_CASE("backward: every bad argument is an alibi::error naming it", "[backwar
   const alibi::backend::eigen be{1};
   auto lse = alibi::tensor_view<const float, 3>(c.p.logsumexp);
   expect("dq must have q's shape", [&] {
-    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse,
-                              alibi::make_view(dq.data(), 1, 2, 7, 4), v(dk), v(dv), c.p);
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse,
+                  alibi::make_view(dq.data(), 1, 2, 7, 4), v(dk), v(dv), c.p);
   });
   expect("dk must have k's shape", [&] {
-    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
-                              alibi::make_view(dk.data(), 1, 1, 8, 4), v(dv), c.p);
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
+                  alibi::make_view(dk.data(), 1, 1, 8, 4), v(dv), c.p);
   });
   expect("dv must have v's shape", [&] {
-    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk),
-                              alibi::make_view(dv.data(), 1, 2, 8, 3), c.p);
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk),
+                  alibi::make_view(dv.data(), 1, 2, 8, 3), c.p);
   });
   expect("dout must have out's shape", [&] {
-    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out),
-                              alibi::make_view(c.dout.data(), 2, 2, 4, 4), lse, v(dq), v(dk), v(dv),
-                              c.p);
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), alibi::make_view(c.dout.data(), 2, 2, 4, 4),
+                  lse, v(dq), v(dk), v(dv), c.p);
   });
-  expect("lse (the forward's logsumexp) must have shape", [&] {
-    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout),
-                              alibi::make_view<const float>(c.lse.data(), 1, 2, 7), v(dq), v(dk),
-                              v(dv), c.p);
-  });
+  expect("params.logsumexp (the forward's logsumexp, which the backward reads) must have shape",
+         [&] {
+           backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout),
+                         alibi::make_view<const float>(c.lse.data(), 1, 2, 7), v(dq), v(dk), v(dv),
+                         c.p);
+         });
   expect("dslopes must have shape", [&] {
-    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk),
-                              v(dv), c.p, alibi::make_view(ds.data(), 1, 3));
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk), v(dv), c.p,
+                  alibi::make_view(ds.data(), 1, 3));
   });
   expect("dslopes was given but params.slopes is disabled", [&] {
     alibi::attention_params p = c.p;
     p.slopes = alibi::slope_config::none();
-    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk),
-                              v(dv), p, alibi::make_view(ds.data(), 1, 2));
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk), v(dv), p,
+                  alibi::make_view(ds.data(), 1, 2));
   });
   expect("dq.stride(3) (head_dim) must be 1", [&] {
-    alibi::attention_backward(
-        be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse,
-        alibi::make_strided_view<float, 4>(dq.data(), {1, 2, 8, 4}, {64, 32, 1, 8}), v(dk), v(dv),
-        c.p);
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse,
+                  alibi::make_strided_view<float, 4>(dq.data(), {1, 2, 8, 4}, {64, 32, 1, 8}),
+                  v(dk), v(dv), c.p);
   });
   expect("dk's elements must not overlap", [&] {
-    alibi::attention_backward(
-        be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
-        alibi::make_strided_view<float, 4>(dk.data(), {1, 2, 8, 4}, {64, 0, 4, 1}), v(dv), c.p);
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
+                  alibi::make_strided_view<float, 4>(dk.data(), {1, 2, 8, 4}, {64, 0, 4, 1}), v(dv),
+                  c.p);
   });
   expect("the gradients must be float", [&] {
     std::vector<double> dd(c.q.size());
     auto dv64 = alibi::make_view(dd.data(), 1, 2, 8, 4);
-    alibi::attention_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, dv64, dv64,
-                              dv64, c.p);
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, dv64, dv64, dv64, c.p);
   });
-  CHECK(alibi::can_implement_backward(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
-                                      v(dk), v(dv), c.p));
+  CHECK(can_implement_backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
+                                    v(dk), v(dv), c.p));
   (void)small;
 }
 
@@ -795,7 +836,7 @@ TEST_CASE("backward: empty shapes write zeros and never crash", "[backward][edge
       auto ov = alibi::make_view(out.data(), B, Hq, Lq, D);
       alibi::attention(alibi::backend::eigen{2}, qv, kv, vv, ov, p);
       auto run = [&](const auto& be) {
-        alibi::attention_backward(
+        backward_with(
             be, qv, kv, vv, ov, alibi::make_view(dout.data(), B, Hq, Lq, D), p.logsumexp,
             alibi::make_view(dq.data(), B, Hq, Lq, D), alibi::make_view(dk.data(), B, Hkv, Lk, D),
             alibi::make_view(dv.data(), B, Hkv, Lk, D), p, alibi::make_view(ds.data(), 1, Hq));
@@ -811,4 +852,51 @@ TEST_CASE("backward: empty shapes write zeros and never crash", "[backward][edge
       for (float x : ds) CHECK(x == 0.0f);
     }
   }
+}
+
+TEST_CASE("backward: the gradients by name, the logsumexp through params",
+          "[backward][validation]") {
+  // The forward writes params.logsumexp; the backward reads it from the same params.
+  const index_t B = 1, H = 2, L = 8, D = 4;
+  std::vector<float> q(B * H * L * D), k(q.size()), v(q.size());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> randn;
+  for (auto* x : {&q, &k, &v})
+    for (float& e : *x) e = randn(rng);
+  std::vector<float> out(q.size()), dout(q.size(), 0.5f), lse(B * H * L);
+  std::vector<float> dq(q.size()), dk(q.size()), dv(q.size());
+  const auto qv = alibi::make_view<const float>(q.data(), B, H, L, D);
+  const auto kv = alibi::make_view<const float>(k.data(), B, H, L, D);
+  const auto vv = alibi::make_view<const float>(v.data(), B, H, L, D);
+  const auto ov = alibi::make_view<const float>(out.data(), B, H, L, D);
+  const auto dov = alibi::make_view<const float>(dout.data(), B, H, L, D);
+  alibi::attention_params params;
+  params.mask.causal = true;
+  alibi::attention_gradients<float> grads;
+  grads.dq = alibi::make_view(dq.data(), B, H, L, D);
+  grads.dk = alibi::make_view(dk.data(), B, H, L, D);
+  grads.dv = alibi::make_view(dv.data(), B, H, L, D);
+  // Without the forward's logsumexp the call says where it comes from.
+  REQUIRE_THROWS_WITH(
+      alibi::attention_backward(alibi::backend::eigen{}, qv, kv, vv, ov, dov, params, grads),
+      Catch::Contains("params.logsumexp") &&
+          Catch::Contains("run the forward with params.logsumexp set"));
+  params.logsumexp = alibi::make_view(lse.data(), B, H, L);
+  alibi::attention(alibi::backend::eigen{}, qv, kv, vv, alibi::make_view(out.data(), B, H, L, D),
+                   params);
+  alibi::attention_backward(alibi::backend::eigen{}, qv, kv, vv, ov, dov, params, grads);
+  // The same call through the reference backend, in double.
+  std::vector<double> rq(q.size()), rk(q.size()), rv(q.size());
+  alibi::attention_gradients<double> ref;
+  ref.dq = alibi::make_view(rq.data(), B, H, L, D);
+  ref.dk = alibi::make_view(rk.data(), B, H, L, D);
+  ref.dv = alibi::make_view(rv.data(), B, H, L, D);
+  alibi::attention_backward(alibi::backend::reference{}, qv, kv, vv, ov, dov, params, ref);
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    CHECK(std::fabs(dq[i] - rq[i]) < 1e-5);
+    CHECK(std::fabs(dk[i] - rk[i]) < 1e-5);
+    CHECK(std::fabs(dv[i] - rv[i]) < 1e-5);
+  }
+  REQUIRE(
+      alibi::can_implement_backward(alibi::backend::eigen{}, qv, kv, vv, ov, dov, params, grads));
 }

@@ -132,13 +132,16 @@ TEST_CASE("a failed allocation in a backward call: an exception, then the same r
   auto backward = [&](int threads) {
     grads g{std::vector<float>(c.q.size()), std::vector<float>(c.k.size()),
             std::vector<float>(c.v.size())};
+    alibi::attention_params p = c.p;
+    p.logsumexp = alibi::make_view(lse.data(), K::B, K::Hq, K::L);
+    alibi::attention_gradients<float> to;
+    to.dq = alibi::make_view(g.dq.data(), K::B, K::Hq, K::L, K::D);
+    to.dk = alibi::make_view(g.dk.data(), K::B, K::Hkv, K::L, K::D);
+    to.dv = alibi::make_view(g.dv.data(), K::B, K::Hkv, K::L, K::D);
     alibi::attention_backward(cpu{threads}, c.qv(), c.kv(), c.vv(),
                               alibi::make_view<const float>(out.data(), K::B, K::Hq, K::L, K::D),
                               alibi::make_view<const float>(dout.data(), K::B, K::Hq, K::L, K::D),
-                              alibi::make_view<const float>(lse.data(), K::B, K::Hq, K::L),
-                              alibi::make_view(g.dq.data(), K::B, K::Hq, K::L, K::D),
-                              alibi::make_view(g.dk.data(), K::B, K::Hkv, K::L, K::D),
-                              alibi::make_view(g.dv.data(), K::B, K::Hkv, K::L, K::D), c.p);
+                              p, to);
     return g;
   };
   const grads clean = backward(1);

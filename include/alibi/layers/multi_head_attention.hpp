@@ -646,15 +646,18 @@ void multi_head_attention<T, Backend>::backward_rows(const T* dy, index_t lddy,
   const auto ov = make_strided_view<const T, 4>(saved.ctx_.data(), {B, Hq, Lq, D},
                                                 {Lq * nq, D, nq, 1});  // (B, Hq, Lq, D)
   const auto dov = make_strided_view<const T, 4>(dctx_.data(), {B, Hq, Lq, D},
-                                                 {Lq * nq, D, nq, 1});    // (B, Hq, Lq, D)
-  const auto lse = make_view<const float>(saved.lse_.data(), B, Hq, Lq);  // (B, Hq, Lq)
+                                                 {Lq * nq, D, nq, 1});  // (B, Hq, Lq, D)
   const auto dqv =
       make_strided_view<T, 4>(dq_.data(), {B, Hq, Lq, D}, {Lq * nq, D, nq, 1});  // (B, Hq, Lq, D)
   const auto dkv4 = make_strided_view<T, 4>(dkv_.data(), {B, Hkv, Lk, D},
                                             {Lk * 2 * nkv, D, 2 * nkv, 1});  // (B, Hkv, Lk, D)
   const auto dvv4 = make_strided_view<T, 4>(dkv_.data() + nkv, {B, Hkv, Lk, D},
                                             {Lk * 2 * nkv, D, 2 * nkv, 1});  // (B, Hkv, Lk, D)
-  attention_backward(backend_, qv, kv4, vv4, ov, dov, lse, dqv, dkv4, dvv4, params_of(saved));
+  attention_params p = params_of(saved);
+  // The forward's logsumexp (B, Hq, Lq), which attention_backward reads and never writes (the
+  // view's type is the forward's output's, hence the const_cast).
+  p.logsumexp = make_view(const_cast<float*>(saved.lse_.data()), B, Hq, Lq);
+  attention_backward(backend_, qv, kv4, vv4, ov, dov, p, attention_gradients<T>{dqv, dkv4, dvv4});
 
   // The projections: q = query Wq^T + bq, k = key Wk^T + bk, v = value Wv^T + bv.
   const T* query = saved.ext_input_ ? saved.ext_input_ : saved.query_.data();
