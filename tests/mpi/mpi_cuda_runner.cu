@@ -110,8 +110,10 @@ struct cuda_runner : mpi_cases::runner {
     const mirrored<float, 4> dout(out);
     const mirrored<float, 3> dlse(lse);
     const device_params dp(params);
-    alibi::mpi::ring_attention(MPI_COMM_WORLD, be, dq.view(), dk.view(), dv.view(), dout.view(),
-                               dp.params, options, dlse.view(), stats);
+    alibi::attention_params p = dp.params;
+    p.logsumexp = dlse.view();
+    alibi::mpi::ring_attention(MPI_COMM_WORLD, be, dq.view(), dk.view(), dv.view(), dout.view(), p,
+                               options, stats);
     dout.back();
     dlse.back();
   }
@@ -122,8 +124,10 @@ struct cuda_runner : mpi_cases::runner {
     const mirrored<float, 4> dout(out);
     const mirrored<float, 3> dlse(lse);
     const device_params dp(params);
+    alibi::attention_params p = dp.params;
+    p.logsumexp = dlse.view();
     alibi::mpi::alltoall_attention(MPI_COMM_WORLD, be, dq.view(), dk.view(), dv.view(), dout.view(),
-                                   dp.params, dlse.view());
+                                   p);
     dout.back();
     dlse.back();
   }

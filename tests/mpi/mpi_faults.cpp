@@ -208,14 +208,13 @@ struct sweep_problem {
     alibi::attention_params p = params;
     p.key_mask = alibi::make_strided_view<const bool, 2>(mask.get() + rank * n, {B, n}, {L, 1});
     const auto o = alibi::make_view(out.data(), B, H, n, D);
-    const auto l = alibi::make_view(lse.data(), B, H, n);
+    p.logsumexp = alibi::make_view(lse.data(), B, H, n);
     const alibi::backend::eigen be{1};
     if (alltoall)
       alibi::mpi::alltoall_attention(MPI_COMM_WORLD, be, part(q, H), part(k, Hkv), part(v, Hkv), o,
-                                     p, l);
+                                     p);
     else
-      alibi::mpi::ring_attention(MPI_COMM_WORLD, be, part(q, H), part(k, Hkv), part(v, Hkv), o, p,
-                                 {}, l);
+      alibi::mpi::ring_attention(MPI_COMM_WORLD, be, part(q, H), part(k, Hkv), part(v, Hkv), o, p);
   }
   /// The largest difference of this rank's rows of out from the double-precision reference.
   double error_vs_reference() const {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// The cases of the MPI sequence-parallel tests, for any backend (tests/mpi/mpi_ring.cpp: eigen and the
-// staged emulation; tests/mpi/mpi_ring_cuda.cpp: CUDA). alibi::mpi::ring_attention and
+// The cases of the MPI sequence-parallel tests, for any backend (tests/mpi/mpi_ring.cpp: eigen and
+// the staged emulation; tests/mpi/mpi_ring_cuda.cpp: CUDA). alibi::mpi::ring_attention and
 // alltoall_attention under mpirun (ctest label mpi, run with 1, 2, 3
 // and 4 ranks): every rank builds the same whole sequences (fixed seeds), keeps its part
 // (contiguous with uneven lengths, or zigzag), and its rows of out and logsumexp must match the
@@ -59,12 +59,16 @@ struct backend_runner : runner {
             alibi::tensor_view<const float, 4> v, alibi::tensor_view<float, 4> out,
             const alibi::attention_params& params, const alibi::mpi::ring_options& options,
             alibi::tensor_view<float, 3> lse, alibi::mpi::ring_stats* stats) override {
-    alibi::mpi::ring_attention(MPI_COMM_WORLD, be, q, k, v, out, params, options, lse, stats);
+    alibi::attention_params p = params;
+    p.logsumexp = lse;
+    alibi::mpi::ring_attention(MPI_COMM_WORLD, be, q, k, v, out, p, options, stats);
   }
   void alltoall(alibi::tensor_view<const float, 4> q, alibi::tensor_view<const float, 4> k,
                 alibi::tensor_view<const float, 4> v, alibi::tensor_view<float, 4> out,
                 const alibi::attention_params& params, alibi::tensor_view<float, 3> lse) override {
-    alibi::mpi::alltoall_attention(MPI_COMM_WORLD, be, q, k, v, out, params, lse);
+    alibi::attention_params p = params;
+    p.logsumexp = lse;
+    alibi::mpi::alltoall_attention(MPI_COMM_WORLD, be, q, k, v, out, p);
   }
 };
 

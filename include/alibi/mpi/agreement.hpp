@@ -188,12 +188,12 @@ std::string attention_call_error(const std::string& fn, const Backend& backend,
     return fn +
            ": params.q_offsets and k_offsets are not supported: the positions are those of the "
            "whole sequences, which the layout sets";
-  if (params.logsumexp.data || params.stats)
-    return fn + ": pass the logsumexp and the stats as arguments (lse, stats), not in params";
+  if (params.stats)
+    return fn + ": params.stats is not supported: pass a ring_stats as the stats argument";
   if (given(params.key_mask) && !check_view(fn.c_str(), "params.key_mask", params.key_mask))
     return check_view(fn.c_str(), "params.key_mask", params.key_mask).message();
-  if (given(lse) && !check_view(fn.c_str(), "lse", lse))
-    return check_view(fn.c_str(), "lse", lse).message();
+  if (given(lse) && !check_view(fn.c_str(), "params.logsumexp", lse))
+    return check_view(fn.c_str(), "params.logsumexp", lse).message();
   if (given(params.key_mask) &&
       (params.key_mask.extents[0] != B || params.key_mask.extents[1] != n))
     return fn + ": params.key_mask must have shape (batch, rows of this rank) = (" + str(B) + ", " +
@@ -216,7 +216,7 @@ std::string attention_call_error(const std::string& fn, const Backend& backend,
            str(k.extents[2]) + ", " + str(v.extents[2]) + " and " + str(out.extents[2]);
   if (given(lse) &&
       (lse.extents[0] != q.extents[0] || lse.extents[1] != q.extents[1] || lse.extents[2] != n))
-    return fn + ": lse must have shape (batch, q_heads, rows) of q";
+    return fn + ": params.logsumexp must have shape (batch, q_heads, rows) of q";
   if (k.extents[3] != q.extents[3]) return fn + ": q and k must have the same head_dim (extent(3))";
   if (k.extents[0] * k.extents[1] * n * std::max(k.extents[3], v.extents[3]) >
       std::numeric_limits<int>::max())

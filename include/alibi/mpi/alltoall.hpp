@@ -150,9 +150,13 @@ namespace mpi {
 template <class Backend>
 void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const float, 4> q,
                         tensor_view<const float, 4> k, tensor_view<const float, 4> v,
-                        tensor_view<float, 4> out, const attention_params& params = {},
-                        tensor_view<float, 3> lse = {}) {
+                        tensor_view<float, 4> out, const attention_params& call_params = {}) {
   namespace dm = alibi::detail::mpi;
+  // The rows' logsumexp, if asked for (params.logsumexp), comes back by the second
+  // all-to-all: it leaves the params of the calls on the heads.
+  attention_params params = call_params;
+  const tensor_view<float, 3> lse = params.logsumexp;
+  params.logsumexp = {};
   using alibi::detail::str;
   static constexpr const char* fn = "alibi::mpi::alltoall_attention";
   const int rank = dm::comm_rank(comm), P = dm::comm_size(comm);

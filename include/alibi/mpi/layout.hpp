@@ -31,17 +31,13 @@ struct segment {
   index_t pos = 0, len = 0, row = 0;
 };
 
-/// The segments of rank r (lengths: every rank's sequence length).
+/// The segments of rank r (lengths: every rank's sequence length; checked by the caller).
 inline std::vector<segment> segments_of(alibi::mpi::ring_layout layout, int r,
                                         const std::vector<index_t>& lengths) {
-  const int P = static_cast<int>(lengths.size());
-  if (layout == alibi::mpi::ring_layout::contiguous) {
-    index_t pos = 0;
-    for (int s = 0; s < r; ++s) pos += lengths[static_cast<std::size_t>(s)];
-    return {{pos, lengths[static_cast<std::size_t>(r)], 0}};
-  }
-  const index_t c = lengths[static_cast<std::size_t>(r)] / 2;
-  return {{r * c, c, 0}, {(2 * P - 1 - r) * c, c, c}};
+  std::vector<segment> out;
+  for (const alibi::mpi::ring_segment& s : alibi::mpi::ring_segments(layout, r, lengths))
+    out.push_back({s.position, s.length, s.row});
+  return out;
 }
 
 /// Every rank's segments, indexed by rank.

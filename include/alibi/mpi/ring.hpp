@@ -630,14 +630,14 @@ namespace mpi {
 /// kv_heads, n, v_head_dim) hold the rows of its part (options.layout) and out (batch,
 /// q_heads, n, v_head_dim) receives them, as one attention() call over the whole sequences
 /// would give them. n may differ between ranks (contiguous layout). q and out may be any
-/// strides `attention()` accepts; lse (batch, q_heads, n), optional, receives the rows'
-/// logsumexp. Float, on a host backend (backend::eigen, backend::reference) or on
-/// backend::cuda: q, k, v, out and lse in device memory (as for attention() there), the K/V
-/// parts staged through host buffers for MPI (each part received is uploaded to the device
-/// at the step it is computed; the computation queued on backend.stream runs while the next
-/// parts are in flight); params.k_lengths / q_lengths and key_mask in device or host memory
-/// (copied to the host), caller slopes in device memory (as attention() there reads them). The
-/// call synchronizes backend.stream before it returns. A CUDA error on one rank (a copy, an
+/// strides `attention()` accepts; params.logsumexp (batch, q_heads, n), optional, receives
+/// the rows' logsumexp, as in attention(). Float, on a host backend (backend::eigen,
+/// backend::reference) or on backend::cuda: q, k, v, out and lse in device memory (as for
+/// attention() there), the K/V parts staged through host buffers for MPI (each part received is
+/// uploaded to the device at the step it is computed; the computation queued on backend.stream runs
+/// while the next parts are in flight); params.k_lengths / q_lengths and key_mask in device or host
+/// memory (copied to the host), caller slopes in device memory (as attention() there reads them).
+/// The call synchronizes backend.stream before it returns. A CUDA error on one rank (a copy, an
 /// allocation, a kernel) is raised as an error on every rank at the next check (after the
 /// setup, after each step, at the end), never a hang.
 ///
@@ -681,9 +681,13 @@ template <class Backend>
 void ring_attention(MPI_Comm comm, const Backend& backend, tensor_view<const float, 4> q,
                     tensor_view<const float, 4> k, tensor_view<const float, 4> v,
                     tensor_view<float, 4> out, const attention_params& params = {},
-                    const ring_options& options = {}, tensor_view<float, 3> lse = {},
-                    ring_stats* stats = nullptr) {
-  detail::mpi::ring_call<Backend>(comm, backend, q, k, v, out, params, options, lse).run(stats);
+                    const ring_options& options = {}, ring_stats* stats = nullptr) {
+  // The rows' logsumexp, if asked for, is written by the ring's merges, not by any one
+  // partial call: it leaves params here.
+  attention_params p = params;
+  const tensor_view<float, 3> lse = p.logsumexp;
+  p.logsumexp = {};
+  detail::mpi::ring_call<Backend>(comm, backend, q, k, v, out, p, options, lse).run(stats);
 }
 
 }  // namespace mpi
