@@ -313,7 +313,7 @@ class model {
     for (own_param<T>* p : {&emb_, &lnf_g_, &lnf_b_}) {
       const std::vector<float> v = f.to_float(p->name);
       if (v.size() != p->value.size())
-        throw alibi::error("lm::model::load: tensor '" + p->name + "' has the wrong size");
+        throw alibi::argument_error("lm::model::load: tensor '" + p->name + "' has the wrong size");
       std::copy(v.begin(), v.end(), p->value.begin());
     }
   }

@@ -60,15 +60,18 @@ void check_key_norm_bounds_args(const std::string& f, const tensor_view<const T,
                                 const tensor_view<float, 3>& bounds, index_t first_key) {
   const index_t B = k.extents[0], H = k.extents[1], L = k.extents[2], D = k.extents[3];
   const index_t blocks = (L + key_norm_block - 1) / key_norm_block;
-  if (B < 0 || H < 0 || L < 0 || D < 0) raise(error(f + ": k has a negative extent"));
+  if (B < 0 || H < 0 || L < 0 || D < 0) raise(argument_error(f + ": k has a negative extent"));
   if (D > 1 && k.strides[3] != 1)
-    raise(error(f + ": k.stride(3) (head_dim) must be 1 (contiguous), got " + str(k.strides[3])));
+    raise(argument_error(f + ": k.stride(3) (head_dim) must be 1 (contiguous), got " +
+                         str(k.strides[3])));
   if (bounds.extents[0] != B || bounds.extents[1] != H || bounds.extents[2] != blocks)
-    raise(error(f + ": bounds must have shape (batch, kv_heads, ceil(k_len / key_norm_block)) = (" +
-                str(B) + ", " + str(H) + ", " + str(blocks) + "), got (" + str(bounds.extents[0]) +
-                ", " + str(bounds.extents[1]) + ", " + str(bounds.extents[2]) + ")"));
+    raise(argument_error(
+        f + ": bounds must have shape (batch, kv_heads, ceil(k_len / key_norm_block)) = (" +
+        str(B) + ", " + str(H) + ", " + str(blocks) + "), got (" + str(bounds.extents[0]) + ", " +
+        str(bounds.extents[1]) + ", " + str(bounds.extents[2]) + ")"));
   if (first_key < 0 || first_key > L)
-    raise(error(f + ": first_key must be in [0, k_len = " + str(L) + "], got " + str(first_key)));
+    raise(argument_error(f + ": first_key must be in [0, k_len = " + str(L) + "], got " +
+                         str(first_key)));
 }
 
 /// Largest element offset a view can reach, or -1 if it does not fit in int64.

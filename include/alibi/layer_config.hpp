@@ -108,17 +108,17 @@ inline mha_config tensor_parallel_shard(const mha_config& full, const tensor_par
   using detail::str;
   const std::string fn = "alibi::tensor_parallel_shard";
   if (s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks)
-    detail::raise(
-        error(fn + ": rank " + str(s.rank) + " is outside [0, ranks = " + str(s.ranks) + ")"));
+    detail::raise(argument_error(fn + ": rank " + str(s.rank) +
+                                 " is outside [0, ranks = " + str(s.ranks) + ")"));
   const index_t kv = full.kv_heads > 0 ? full.kv_heads : full.q_heads;
   if (full.q_heads <= 0 || full.q_heads % s.ranks != 0 || kv % s.ranks != 0)
-    detail::raise(error(fn + ": q_heads (" + str(full.q_heads) + ") and kv_heads (" + str(kv) +
-                        ") must be positive multiples of the number of ranks (" + str(s.ranks) +
-                        ")"));
+    detail::raise(argument_error(fn + ": q_heads (" + str(full.q_heads) + ") and kv_heads (" +
+                                 str(kv) + ") must be positive multiples of the number of ranks (" +
+                                 str(s.ranks) + ")"));
   if (full.head_dim == 0 && full.embed_dim % full.q_heads != 0)
-    detail::raise(error(fn + ": embed_dim (" + str(full.embed_dim) +
-                        ") is not a multiple of q_heads (" + str(full.q_heads) +
-                        "); set head_dim"));
+    detail::raise(argument_error(fn + ": embed_dim (" + str(full.embed_dim) +
+                                 ") is not a multiple of q_heads (" + str(full.q_heads) +
+                                 "); set head_dim"));
   mha_config c = full;
   const index_t hq = full.q_heads / s.ranks;
   c.head_dim = full.head_dim != 0 ? full.head_dim : full.embed_dim / full.q_heads;
@@ -126,8 +126,9 @@ inline mha_config tensor_parallel_shard(const mha_config& full, const tensor_par
   c.kv_heads = kv / s.ranks;
   if (c.slopes.values.data) {
     if (c.slopes.values.extents[1] != full.q_heads)
-      detail::raise(error(fn + ": slopes.values must have one column per query head (" +
-                          str(full.q_heads) + "), got " + str(c.slopes.values.extents[1])));
+      detail::raise(argument_error(fn + ": slopes.values must have one column per query head (" +
+                                   str(full.q_heads) + "), got " +
+                                   str(c.slopes.values.extents[1])));
     c.slopes.values.data += s.rank * hq * c.slopes.values.strides[1];
     c.slopes.values.extents[1] = hq;
   } else {
@@ -147,9 +148,9 @@ inline layer_config tensor_parallel_shard(const layer_config& full,
   c.attention = tensor_parallel_shard(full.attention, s);
   const index_t F = full.ff_dim != 0 ? full.ff_dim : 4 * full.attention.embed_dim;
   if (F <= 0 || F % s.ranks != 0)
-    detail::raise(error("alibi::tensor_parallel_shard: ff_dim (" + detail::str(F) +
-                        ") must be a positive multiple of the number of ranks (" +
-                        detail::str(s.ranks) + ")"));
+    detail::raise(argument_error("alibi::tensor_parallel_shard: ff_dim (" + detail::str(F) +
+                                 ") must be a positive multiple of the number of ranks (" +
+                                 detail::str(s.ranks) + ")"));
   c.ff_dim = F / s.ranks;
   return c;
 }

@@ -74,21 +74,23 @@ template <class T>
 index_t row_stride(const char* fn, const char* name, const tensor_view<T, 3>& x, index_t features) {
   const std::string f = fn;
   if (x.extents[2] != features)
-    detail::raise(error(f + ": " + name + ".extent(2) must be " + str(features) +
-                        " (features), got " + str(x.extents[2])));
-  if (x.size() > 0 && x.data == nullptr) detail::raise(error(f + ": " + name + ".data is null"));
+    detail::raise(argument_error(f + ": " + name + ".extent(2) must be " + str(features) +
+                                 " (features), got " + str(x.extents[2])));
+  if (x.size() > 0 && x.data == nullptr)
+    detail::raise(argument_error(f + ": " + name + ".data is null"));
   if (x.extents[2] > 1 && x.strides[2] != 1)
-    detail::raise(error(f + ": " + name + ".stride(2) must be 1 (contiguous features), got " +
-                        str(x.strides[2])));
+    detail::raise(argument_error(
+        f + ": " + name + ".stride(2) must be 1 (contiguous features), got " + str(x.strides[2])));
   // One row per sequence (decoding): the rows are spaced by the batch stride.
   const index_t ld = x.extents[1] > 1 ? x.strides[1] : x.extents[0] > 1 ? x.strides[0] : features;
   if (ld < features)
-    detail::raise(error(f + ": " + name + "'s row stride (stride(1), or stride(0) when extent(1) " +
-                        "is 1) must be >= " + str(features) + ", got " + str(ld)));
+    detail::raise(argument_error(f + ": " + name +
+                                 "'s row stride (stride(1), or stride(0) when extent(1) " +
+                                 "is 1) must be >= " + str(features) + ", got " + str(ld)));
   if (x.extents[0] > 1 && x.extents[1] > 1 && x.strides[0] != x.extents[1] * ld)
-    detail::raise(error(f + ": " + name +
-                        ".stride(0) must be extent(1) * stride(1) = " + str(x.extents[1] * ld) +
-                        " (rows of every batch entry evenly spaced), got " + str(x.strides[0])));
+    detail::raise(argument_error(
+        f + ": " + name + ".stride(0) must be extent(1) * stride(1) = " + str(x.extents[1] * ld) +
+        " (rows of every batch entry evenly spaced), got " + str(x.strides[0])));
   return ld;
 }
 
@@ -100,18 +102,19 @@ inline std::vector<index_t> host_lengths(const char* fn, const char* name,
   std::vector<index_t> out(static_cast<std::size_t>(batch), limit);
   if (v.data == nullptr) {
     if (v.extents[0] != 0)
-      detail::raise(error(f + ": " + name + ".data is null but it has " + str(v.extents[0]) +
-                          " elements; leave it default-constructed to omit it"));
+      detail::raise(argument_error(f + ": " + name + ".data is null but it has " +
+                                   str(v.extents[0]) +
+                                   " elements; leave it default-constructed to omit it"));
     return out;
   }
   if (v.extents[0] != batch)
-    detail::raise(error(f + ": " + name + " must have one entry per batch entry (" + str(batch) +
-                        "), got " + str(v.extents[0])));
+    detail::raise(argument_error(f + ": " + name + " must have one entry per batch entry (" +
+                                 str(batch) + "), got " + str(v.extents[0])));
   for (index_t b = 0; b < batch; ++b) {
     const index_t n = v(b);
     if (n < 0 || n > limit)
-      detail::raise(error(f + ": " + name + "(" + str(b) + ") must be in [0, " + str(limit) +
-                          "], got " + str(n)));
+      detail::raise(argument_error(f + ": " + name + "(" + str(b) + ") must be in [0, " +
+                                   str(limit) + "], got " + str(n)));
     out[static_cast<std::size_t>(b)] = n;
   }
   return out;
@@ -134,7 +137,7 @@ template <int R>
 std::vector<float> gather(const tensor_view<const float, R>& v) {
   std::vector<float> out(static_cast<std::size_t>(v.size()));
   if (out.empty()) return out;
-  if (v.data == nullptr) detail::raise(error("alibi: a parameter view has null data"));
+  if (v.data == nullptr) detail::raise(argument_error("alibi: a parameter view has null data"));
   index_t idx[R] = {};
   for (float& x : out) {
     index_t off = 0;
@@ -195,9 +198,9 @@ struct parameter_table {
       index_t n = static_cast<index_t>(sizeof(T));
       for (index_t e : s.shape)
         if (e < 0 || __builtin_mul_overflow(n, e, &n))
-          detail::raise(error(std::string(owner) + ": parameter '" + s.name + "' of shape " +
-                              shape_text(s.shape) +
-                              " has more bytes than 64-bit sizes hold; check the configuration"));
+          detail::raise(argument_error(
+              std::string(owner) + ": parameter '" + s.name + "' of shape " + shape_text(s.shape) +
+              " has more bytes than 64-bit sizes hold; check the configuration"));
     }
     for (const slot& s : slots)
       ops::upload(be, std::vector<T>(static_cast<std::size_t>(count(s.shape)), T(s.initial)),
@@ -212,19 +215,19 @@ struct parameter_table {
       if (s.name == name) return s;
     std::string known;
     for (const slot& s : slots) known += (known.empty() ? "" : ", ") + s.name;
-    detail::raise(error(std::string(owner) + "::" + fn + ": no parameter named '" + name +
-                        "'; parameters: " + known));
+    detail::raise(argument_error(std::string(owner) + "::" + fn + ": no parameter named '" + name +
+                                 "'; parameters: " + known));
   }
   /// Checks the shape, converts the host floats to T and uploads them.
   void set(Owner& o, const Backend& be, const std::string& name, const float* data,
            const std::vector<index_t>& shape) const {
     const slot& s = find(name, "set");
     if (shape != s.shape)
-      detail::raise(error("alibi: parameter '" + name + "' must have shape " + shape_text(s.shape) +
-                          ", got " + shape_text(shape)));
+      detail::raise(argument_error("alibi: parameter '" + name + "' must have shape " +
+                                   shape_text(s.shape) + ", got " + shape_text(shape)));
     const index_t n = count(shape);
     if (n > 0 && data == nullptr)
-      detail::raise(error("alibi: parameter '" + name + "': data is null"));
+      detail::raise(argument_error("alibi: parameter '" + name + "': data is null"));
     std::vector<T> converted(static_cast<std::size_t>(n));
     for (index_t i = 0; i < n; ++i) converted[static_cast<std::size_t>(i)] = T(data[i]);
     ops::upload(be, converted, o.*s.member);

@@ -39,7 +39,7 @@ TEST_CASE("parallel_for carries exceptions to the caller", "[pool]") {
                                       ran.fetch_add(1);
                                       std::this_thread::sleep_for(std::chrono::microseconds(100));
                                       if (std::this_thread::get_id() == caller)
-                                        throw alibi::error("item failed");
+                                        throw alibi::argument_error("item failed");
                                     }),
         alibi::error);
     REQUIRE(ran.load() < 400);  // no further items after the failure (a few may be in flight)

@@ -7,10 +7,13 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <typeinfo>
+#include <vector>
 
 #include <alibi/alibi.hpp>
+#include <alibi/io/safetensors.hpp>
 
 namespace {
 
@@ -70,4 +73,43 @@ TEST_CASE("kv_cache sizes whose products overflow are alibi::error", "[errors]")
   REQUIRE_THROWS_WITH((alibi::kv_cache<float, cpu>(cpu{1}, 1, index_t(1) << 62, 1, 1)),
                       Contains("capacity"));
   REQUIRE_NOTHROW(alibi::kv_cache<float, cpu>(cpu{1}, 2, 16, 2, 8));
+}
+
+TEST_CASE("errors: one alibi::error base, each kind in its standard category", "[errors]") {
+  using alibi::backend::eigen;
+  // An invalid argument: alibi::argument_error, a std::invalid_argument.
+  std::vector<float> x(64);
+  auto bad_call = [&] {
+    alibi::attention(eigen{}, alibi::make_view<const float>(x.data(), 1, 1, 4, 16),
+                     alibi::make_view<const float>(x.data(), 1, 1, 4, 8),
+                     alibi::make_view<const float>(x.data(), 1, 1, 4, 16),
+                     alibi::make_view(x.data(), 1, 1, 4, 16));
+  };
+  CHECK_THROWS_AS(bad_call(), alibi::argument_error);
+  CHECK_THROWS_AS(bad_call(), alibi::error);
+  CHECK_THROWS_AS(bad_call(), std::invalid_argument);
+  // A file whose contents are not a safetensors file: alibi::io_error, a std::runtime_error.
+  auto corrupt = [] { alibi::safetensors::parse(std::vector<unsigned char>{1, 2, 3}); };
+  CHECK_THROWS_AS(corrupt(), alibi::io_error);
+  CHECK_THROWS_AS(corrupt(), alibi::error);
+  CHECK_THROWS_AS(corrupt(), std::runtime_error);
+  CHECK_THROWS_AS(alibi::safetensors::read("/nonexistent/alibi.safetensors"), std::runtime_error);
+  // A full KV cache: alibi::capacity_error, a std::runtime_error.
+  alibi::mha_config c;
+  c.embed_dim = 8;
+  c.q_heads = 2;
+  alibi::multi_head_attention<float, eigen> m(c);
+  auto cache = alibi::kv_cache<float, eigen>::for_module(m, 1, 2);
+  std::vector<float> in(3 * 8, 0.5f), out(in.size());
+  auto overfill = [&] {
+    m.forward(alibi::make_view<const float>(in.data(), 1, 3, 8),
+              alibi::make_view(out.data(), 1, 3, 8), cache);
+  };
+  CHECK_THROWS_AS(overfill(), alibi::capacity_error);
+  CHECK_THROWS_AS(overfill(), alibi::error);
+  CHECK_THROWS_AS(overfill(), std::runtime_error);
+  // Every kind is a std::exception exactly once (a catch of std::exception sees each).
+  CHECK_THROWS_AS(corrupt(), std::exception);
+  CHECK_THROWS_AS(overfill(), std::exception);
+  CHECK_THROWS_AS(bad_call(), std::exception);
 }

@@ -21,7 +21,7 @@ using alibi::index_t;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
-    throw alibi::error(std::string("mpi_cuda_runner: ") + what + ": " + cudaGetErrorString(e));
+    throw alibi::argument_error(std::string("mpi_cuda_runner: ") + what + ": " + cudaGetErrorString(e));
 }
 
 /// A device copy of the elements a host view spans (from its first element to its last).

@@ -49,23 +49,24 @@ void store_key_blocks(tensor_view<const T, 4> k, tensor_view<U, 5> blocks, index
   auto s = [](index_t v) { return std::to_string(v); };
   const index_t B = k.extents[0], H = k.extents[1], n = k.extents[2], D = k.extents[3];
   if (B < 0 || H < 0 || n < 0 || D < 0)
-    detail::raise(error(std::string(f) + ": k has a negative extent"));
+    detail::raise(argument_error(std::string(f) + ": k has a negative extent"));
   if (blocks.extents[0] != B || blocks.extents[1] != H || blocks.extents[3] != D ||
       blocks.extents[4] != keys_per_block)
-    detail::raise(error(std::string(f) +
-                        ": blocks must have shape (batch, kv_heads, blocks, head_dim, 16) with "
-                        "k's (batch, kv_heads, head_dim) = (" +
-                        s(B) + ", " + s(H) + ", " + s(D) + "), got (" + s(blocks.extents[0]) +
-                        ", " + s(blocks.extents[1]) + ", " + s(blocks.extents[2]) + ", " +
-                        s(blocks.extents[3]) + ", " + s(blocks.extents[4]) + ")"));
+    detail::raise(
+        argument_error(std::string(f) +
+                       ": blocks must have shape (batch, kv_heads, blocks, head_dim, 16) with "
+                       "k's (batch, kv_heads, head_dim) = (" +
+                       s(B) + ", " + s(H) + ", " + s(D) + "), got (" + s(blocks.extents[0]) + ", " +
+                       s(blocks.extents[1]) + ", " + s(blocks.extents[2]) + ", " +
+                       s(blocks.extents[3]) + ", " + s(blocks.extents[4]) + ")"));
   const index_t room = blocks.extents[2] < 0 ? 0 : blocks.extents[2] * keys_per_block;
   if (first_key < 0 || first_key > room || n > room - first_key)
-    detail::raise(error(std::string(f) + ": keys [first_key, first_key + n) = [" + s(first_key) +
-                        ", " + s(first_key + n) + ") must lie within the blocks' " + s(room) +
-                        " keys"));
+    detail::raise(argument_error(std::string(f) + ": keys [first_key, first_key + n) = [" +
+                                 s(first_key) + ", " + s(first_key + n) +
+                                 ") must lie within the blocks' " + s(room) + " keys"));
   if (B == 0 || H == 0 || n == 0 || D == 0) return;
   if (k.data == nullptr || blocks.data == nullptr)
-    detail::raise(error(std::string(f) + ": k.data and blocks.data must not be null"));
+    detail::raise(argument_error(std::string(f) + ": k.data and blocks.data must not be null"));
   for (index_t b = 0; b < B; ++b)
     for (index_t h = 0; h < H; ++h)
       for (index_t j = 0; j < n; ++j) {

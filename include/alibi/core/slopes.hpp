@@ -44,18 +44,18 @@ inline std::vector<float> slopes_slice(std::int64_t global_heads, std::int64_t h
                                        std::int64_t count, float max_bias = 8.0f,
                                        float scale = 1.0f) {
   if (global_heads < 0)
-    detail::raise(error("alibi::slopes_slice: global_heads must be >= 0, got " +
-                        std::to_string(global_heads)));
+    detail::raise(argument_error("alibi::slopes_slice: global_heads must be >= 0, got " +
+                                 std::to_string(global_heads)));
   if (head_offset < 0 || count < 0 || head_offset > global_heads - count)
-    detail::raise(error("alibi::slopes_slice: [head_offset, head_offset + count) = [" +
-                        std::to_string(head_offset) + ", " + std::to_string(head_offset + count) +
-                        ") must lie within [0, global_heads = " + std::to_string(global_heads) +
-                        ")"));
+    detail::raise(argument_error(
+        "alibi::slopes_slice: [head_offset, head_offset + count) = [" +
+        std::to_string(head_offset) + ", " + std::to_string(head_offset + count) +
+        ") must lie within [0, global_heads = " + std::to_string(global_heads) + ")"));
   if (!std::isfinite(max_bias) || !std::isfinite(scale))
-    detail::raise(error("alibi::slopes_slice: max_bias and scale must be finite"));
+    detail::raise(argument_error("alibi::slopes_slice: max_bias and scale must be finite"));
   if (static_cast<std::uint64_t>(count) > std::vector<float>().max_size())
-    detail::raise(error("alibi::slopes_slice: count (" + std::to_string(count) +
-                        ") slopes do not fit in a std::vector<float>"));
+    detail::raise(argument_error("alibi::slopes_slice: count (" + std::to_string(count) +
+                                 ") slopes do not fit in a std::vector<float>"));
   std::vector<float> out(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i)
     out[static_cast<std::size_t>(i)] = slope(head_offset + i, global_heads, max_bias) * scale;

@@ -56,10 +56,10 @@ void check_dense(const tensor_view<T, R>& v, bool row_major, const char* who) {
               " (this is a view_bshd view: alibi::to_eigen_bshd maps it as (batch, seq, heads, "
               "dim))";
       }
-      detail::raise(error(std::string(who) + ": the view must be dense " +
-                          (row_major ? "row-major" : "column-major") + "; stride(" +
-                          std::to_string(d) + ") is " + std::to_string(v.strides[d]) +
-                          ", expected " + std::to_string(s) + hint));
+      detail::raise(argument_error(std::string(who) + ": the view must be dense " +
+                                   (row_major ? "row-major" : "column-major") + "; stride(" +
+                                   std::to_string(d) + ") is " + std::to_string(v.strides[d]) +
+                                   ", expected " + std::to_string(s) + hint));
     }
     s *= v.extents[d];
   }
@@ -135,10 +135,10 @@ eigen_map_t<T, 4> to_eigen_bshd(tensor_view<T, 4> v) {
   for (int d = 3; d >= 0; --d) {
     if (m.extents[d] > 1 && m.strides[d] != s)
       detail::raise(
-          error("alibi::to_eigen_bshd: the view must cover dense (batch, seq, heads, "
-                "head_dim) memory as view_bshd makes it; the " +
-                std::string(names[d]) + " stride is " + std::to_string(m.strides[d]) +
-                ", expected " + std::to_string(s)));
+          argument_error("alibi::to_eigen_bshd: the view must cover dense (batch, seq, heads, "
+                         "head_dim) memory as view_bshd makes it; the " +
+                         std::string(names[d]) + " stride is " + std::to_string(m.strides[d]) +
+                         ", expected " + std::to_string(s)));
     s *= m.extents[d];
   }
   Eigen::array<Eigen::Index, 4> dims;
@@ -168,24 +168,25 @@ auto view_bshd(M&& m, index_t batch, index_t seq, index_t heads, index_t head_di
                 "alibi::view_bshd: a temporary matrix would leave the view dangling");
   using T = std::remove_pointer_t<decltype(m.data())>;
   if (batch < 0 || seq < 0 || heads < 0 || head_dim < 0)
-    detail::raise(error("alibi::view_bshd: batch, seq, heads and head_dim must be >= 0, got " +
-                        std::to_string(batch) + ", " + std::to_string(seq) + ", " +
-                        std::to_string(heads) + ", " + std::to_string(head_dim)));
+    detail::raise(
+        argument_error("alibi::view_bshd: batch, seq, heads and head_dim must be >= 0, got " +
+                       std::to_string(batch) + ", " + std::to_string(seq) + ", " +
+                       std::to_string(heads) + ", " + std::to_string(head_dim)));
   index_t rows = 0, cols = 0, seq_stride = 0;
   const index_t ld = static_cast<index_t>(m.outerStride());
   if (__builtin_mul_overflow(batch, seq, &rows) || __builtin_mul_overflow(heads, head_dim, &cols) ||
       __builtin_mul_overflow(seq, ld, &seq_stride) || rows != static_cast<index_t>(m.rows()) ||
       cols != static_cast<index_t>(m.cols()))
-    detail::raise(
-        error("alibi::view_bshd: the matrix must have batch * seq = " + std::to_string(batch) +
-              " * " + std::to_string(seq) + " rows (one token per row) and heads * head_dim = " +
-              std::to_string(heads) + " * " + std::to_string(head_dim) + " columns; got " +
-              std::to_string(m.rows()) + " x " + std::to_string(m.cols())));
+    detail::raise(argument_error(
+        "alibi::view_bshd: the matrix must have batch * seq = " + std::to_string(batch) + " * " +
+        std::to_string(seq) + " rows (one token per row) and heads * head_dim = " +
+        std::to_string(heads) + " * " + std::to_string(head_dim) + " columns; got " +
+        std::to_string(m.rows()) + " x " + std::to_string(m.cols())));
   if (m.cols() > 1 && m.innerStride() != 1)
     detail::raise(
-        error("alibi::view_bshd: the matrix's inner stride must be 1 (head_dim "
-              "contiguous), got " +
-              std::to_string(m.innerStride())));
+        argument_error("alibi::view_bshd: the matrix's inner stride must be 1 (head_dim "
+                       "contiguous), got " +
+                       std::to_string(m.innerStride())));
   return make_strided_view<T, 4>(m.data(), {batch, heads, seq, head_dim},
                                  {seq_stride, head_dim, ld, 1});
 }
@@ -196,9 +197,9 @@ inline Eigen::Tensor<float, 3, Eigen::RowMajor> bias_matrix(index_t heads, index
                                                             index_t k_len,
                                                             const attention_params& params = {}) {
   if (heads < 0 || q_len < 0 || k_len < 0)
-    detail::raise(error("alibi::bias_matrix: heads, q_len and k_len must be >= 0, got " +
-                        std::to_string(heads) + ", " + std::to_string(q_len) + ", " +
-                        std::to_string(k_len)));
+    detail::raise(argument_error("alibi::bias_matrix: heads, q_len and k_len must be >= 0, got " +
+                                 std::to_string(heads) + ", " + std::to_string(q_len) + ", " +
+                                 std::to_string(k_len)));
   // Checked before Eigen allocates: a wrapped product would allocate too little, and a huge
   // one would be std::bad_alloc instead of an error naming the arguments. A zero extent
   // makes the count 0 whatever the others are.
@@ -207,9 +208,10 @@ inline Eigen::Tensor<float, 3, Eigen::RowMajor> bias_matrix(index_t heads, index
       (__builtin_mul_overflow(heads, q_len, &count) ||
        __builtin_mul_overflow(count, k_len, &count) ||
        __builtin_mul_overflow(count, static_cast<index_t>(sizeof(float)), &bytes)))
-    detail::raise(error("alibi::bias_matrix: heads * q_len * k_len (" + std::to_string(heads) +
-                        " * " + std::to_string(q_len) + " * " + std::to_string(k_len) +
-                        ") floats must fit in 64-bit byte offsets"));
+    detail::raise(argument_error("alibi::bias_matrix: heads * q_len * k_len (" +
+                                 std::to_string(heads) + " * " + std::to_string(q_len) + " * " +
+                                 std::to_string(k_len) +
+                                 ") floats must fit in 64-bit byte offsets"));
   Eigen::Tensor<float, 3, Eigen::RowMajor> t(heads, q_len, k_len);
   fill_bias(make_view(t.data(), index_t(1), heads, q_len, k_len), params);
   return t;

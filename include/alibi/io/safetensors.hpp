@@ -108,7 +108,7 @@ class file_bytes {
 
  private:
   [[noreturn]] static void cannot_open(const std::string& path, const std::string& why) {
-    detail::raise(error("alibi::safetensors: cannot open '" + path + "': " + why));
+    detail::raise(io_error("alibi::safetensors: cannot open '" + path + "': " + why));
   }
   std::vector<unsigned char> buffer_;
   const unsigned char* data_ = nullptr;
@@ -206,8 +206,8 @@ class json_document {
 /// such files).
 inline json_document parse_json(const char* begin, const char* end, const std::string& context) {
   if (!json_depth_ok(begin, end))
-    detail::raise(
-        error(context + ": JSON nested deeper than " + std::to_string(max_json_depth) + " levels"));
+    detail::raise(io_error(context + ": JSON nested deeper than " + std::to_string(max_json_depth) +
+                           " levels"));
   using event = nlohmann::json::parse_event_t;
   std::vector<std::vector<std::string>> keys;  // of each open object, sorted
   std::string duplicate;
@@ -234,10 +234,10 @@ inline json_document parse_json(const char* begin, const char* end, const std::s
   if (v->is_discarded()) {
     json_error_recorder r;
     nlohmann::json::sax_parse(begin, end, &r);
-    detail::raise(error(context + ": " + (r.message.empty() ? "not valid JSON" : r.message)));
+    detail::raise(io_error(context + ": " + (r.message.empty() ? "not valid JSON" : r.message)));
   }
   if (has_duplicate)
-    detail::raise(error(context + ": the key '" + duplicate + "' appears twice in one object"));
+    detail::raise(io_error(context + ": the key '" + duplicate + "' appears twice in one object"));
   return v;
 }
 
@@ -336,7 +336,8 @@ class safetensors {
   const tensor_info& info(const std::string& name) const {
     const auto it = tensors_.find(name);
     if (it == tensors_.end())
-      detail::raise(error("alibi::safetensors: " + origin_ + " has no tensor '" + name + "'"));
+      detail::raise(
+          argument_error("alibi::safetensors: " + origin_ + " has no tensor '" + name + "'"));
     return it->second;
   }
   /// The number of elements of tensor `name`.
@@ -363,9 +364,9 @@ class safetensors {
   void to_float(const std::string& name, float* out, std::size_t count) const {
     const std::size_t n = element_count(name);
     if (count != n)
-      detail::raise(error("alibi::safetensors: tensor '" + name + "' in " + origin_ + " has " +
-                          std::to_string(n) + " elements, but the destination holds " +
-                          std::to_string(count)));
+      detail::raise(argument_error(
+          "alibi::safetensors: tensor '" + name + "' in " + origin_ + " has " + std::to_string(n) +
+          " elements, but the destination holds " + std::to_string(count)));
     to_float<Isa>(name, 0, n, out);
   }
   /// Converts elements [first, first + count) of tensor `name` (row-major) into `out`: a
@@ -376,13 +377,14 @@ class safetensors {
     const tensor_info& t = info(name);
     const std::size_t total = element_count(name);
     if (first > total || count > total - first)
-      detail::raise(error("alibi::safetensors: elements [" + std::to_string(first) + ", " +
-                          std::to_string(first) + " + " + std::to_string(count) +
-                          ") are outside tensor '" + name + "' in " + origin_ + " (" +
-                          std::to_string(total) + " elements)"));
+      detail::raise(argument_error("alibi::safetensors: elements [" + std::to_string(first) + ", " +
+                                   std::to_string(first) + " + " + std::to_string(count) +
+                                   ") are outside tensor '" + name + "' in " + origin_ + " (" +
+                                   std::to_string(total) + " elements)"));
     if (count == 0) return;
     if (out == nullptr)
-      detail::raise(error("alibi::safetensors: the destination for tensor '" + name + "' is null"));
+      detail::raise(
+          argument_error("alibi::safetensors: the destination for tensor '" + name + "' is null"));
     const std::size_t n = count;
     const unsigned char* p = bytes_->data() + data_offset_ + t.begin + first * dtype_size(t.dtype);
     if (t.dtype == "F32")
@@ -394,8 +396,8 @@ class safetensors {
     else if (t.dtype == "F64")
       detail::stored_to_float<double>(p, out, n);
     else
-      detail::raise(error("alibi::safetensors: tensor '" + name + "' in " + origin_ +
-                          " has dtype " + t.dtype + "; expected F32, F16, BF16 or F64"));
+      detail::raise(argument_error("alibi::safetensors: tensor '" + name + "' in " + origin_ +
+                                   " has dtype " + t.dtype + "; expected F32, F16, BF16 or F64"));
   }
 
   /// Bytes per element of a safetensors dtype, 0 for names it does not know.
@@ -409,7 +411,7 @@ class safetensors {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    detail::raise(error("alibi::safetensors: " + origin_ + ": " + what));
+    detail::raise(io_error("alibi::safetensors: " + origin_ + ": " + what));
   }
 
   static safetensors from(std::shared_ptr<const detail::file_bytes> bytes, std::string origin) {
@@ -599,8 +601,8 @@ class sharded_safetensors {
   const safetensors& shard(const std::string& name) const {
     const auto it = where_.find(name);
     if (it == where_.end())
-      detail::raise(
-          error("alibi::sharded_safetensors: " + origin_ + " has no tensor '" + name + "'"));
+      detail::raise(argument_error("alibi::sharded_safetensors: " + origin_ + " has no tensor '" +
+                                   name + "'"));
     return *it->second;
   }
   const tensor_info& info(const std::string& name) const { return shard(name).info(name); }
@@ -620,7 +622,7 @@ class sharded_safetensors {
  private:
   sharded_safetensors() = default;
   [[noreturn]] void fail(const std::string& what) const {
-    detail::raise(error("alibi::sharded_safetensors: " + origin_ + ": " + what));
+    detail::raise(io_error("alibi::sharded_safetensors: " + origin_ + ": " + what));
   }
 
   std::string origin_;
@@ -654,9 +656,9 @@ class safetensors_writer {
            const std::vector<float>& data) {
     const std::uint64_t n = element_count(name, shape, 4);
     if (data.size() != n)
-      detail::raise(error("alibi::safetensors_writer: tensor '" + name + "' has " +
-                          std::to_string(data.size()) + " values for a shape of " +
-                          std::to_string(n) + " elements"));
+      detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name + "' has " +
+                                   std::to_string(data.size()) + " values for a shape of " +
+                                   std::to_string(n) + " elements"));
     add(name, shape, data.data());
   }
   /// A tensor of dtype `dtype` ("F16", "BF16", "I32", ...) from `data`, its little-endian
@@ -665,16 +667,16 @@ class safetensors_writer {
                const void* data) {
     const std::size_t esize = safetensors::dtype_size(dtype);
     if (esize == 0)
-      detail::raise(
-          error("alibi::safetensors_writer: tensor '" + name + "': unknown dtype " + dtype));
+      detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
+                                   "': unknown dtype " + dtype));
     const std::uint64_t n = element_count(name, shape, esize);
     const auto* p = static_cast<const unsigned char*>(data);
     put(name, dtype, shape, std::vector<unsigned char>(p, p + n * esize));
   }
   void metadata(const std::string& key, const std::string& value) {
     if (!detail::valid_utf8(key) || !detail::valid_utf8(value))
-      detail::raise(
-          error("alibi::safetensors_writer: metadata '" + key + "' is not valid UTF-8 text"));
+      detail::raise(argument_error("alibi::safetensors_writer: metadata '" + key +
+                                   "' is not valid UTF-8 text"));
     metadata_[key] = value;
   }
 
@@ -729,7 +731,7 @@ class safetensors_writer {
     for (const auto& t : tensors_)
       out.write(reinterpret_cast<const char*>(t.second.data.data()),
                 static_cast<std::streamsize>(t.second.data.size()));
-    if (!out) detail::raise(error("alibi::safetensors_writer: cannot write '" + path + "'"));
+    if (!out) detail::raise(io_error("alibi::safetensors_writer: cannot write '" + path + "'"));
   }
 
  private:
@@ -739,23 +741,23 @@ class safetensors_writer {
     index_t n = 1;
     for (index_t e : shape) {
       if (e < 0)
-        detail::raise(
-            error("alibi::safetensors_writer: tensor '" + name + "' has a negative extent"));
+        detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
+                                     "' has a negative extent"));
       if (__builtin_mul_overflow(n, e, &n))
-        detail::raise(error("alibi::safetensors_writer: tensor '" + name +
-                            "': the shape's element count overflows 64 bits"));
+        detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
+                                     "': the shape's element count overflows 64 bits"));
     }
     index_t bytes = 0;
     if (__builtin_mul_overflow(n, static_cast<index_t>(esize), &bytes))
-      detail::raise(error("alibi::safetensors_writer: tensor '" + name +
-                          "': the shape's byte size overflows 64 bits"));
+      detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
+                                   "': the shape's byte size overflows 64 bits"));
     return static_cast<std::uint64_t>(n);
   }
   void put(const std::string& name, const std::string& dtype, const std::vector<index_t>& shape,
            std::vector<unsigned char> data) {
     if (name == "__metadata__" || name.empty() || !detail::valid_utf8(name))
-      detail::raise(error("alibi::safetensors_writer: invalid tensor name '" + name +
-                          "' (empty, \"__metadata__\" or not valid UTF-8)"));
+      detail::raise(argument_error("alibi::safetensors_writer: invalid tensor name '" + name +
+                                   "' (empty, \"__metadata__\" or not valid UTF-8)"));
     entry& t = tensors_[name];
     t.dtype = dtype;
     t.shape = shape;

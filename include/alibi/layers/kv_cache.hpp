@@ -57,21 +57,21 @@ class kv_cache {
         kv_heads_(kv_heads),
         head_dim_(head_dim) {
     if (batch < 0 || capacity < 0 || kv_heads <= 0 || head_dim <= 0)
-      detail::raise(
-          error("alibi::kv_cache: batch and capacity must be >= 0 and kv_heads, head_dim "
-                "> 0; got batch " +
-                detail::str(batch) + ", capacity " + detail::str(capacity) + ", kv_heads " +
-                detail::str(kv_heads) + ", head_dim " + detail::str(head_dim)));
+      detail::raise(argument_error(
+          "alibi::kv_cache: batch and capacity must be >= 0 and kv_heads, head_dim "
+          "> 0; got batch " +
+          detail::str(batch) + ", capacity " + detail::str(capacity) + ", kv_heads " +
+          detail::str(kv_heads) + ", head_dim " + detail::str(head_dim)));
     // Every product is checked (a wrapped one would allocate too little, or throw
     // std::bad_alloc / std::length_error instead of naming the argument), bytes included.
     index_t n = 0, bytes = 0;
     if (__builtin_mul_overflow(batch, capacity, &n) || __builtin_mul_overflow(n, kv_heads, &n) ||
         __builtin_mul_overflow(n, head_dim, &n) ||
         __builtin_mul_overflow(n, static_cast<index_t>(sizeof(S)), &bytes))
-      detail::raise(error("alibi::kv_cache: batch * capacity * kv_heads * head_dim (" +
-                          detail::str(batch) + " * " + detail::str(capacity) + " * " +
-                          detail::str(kv_heads) + " * " + detail::str(head_dim) +
-                          ") elements must fit in 64-bit byte offsets; reduce capacity"));
+      detail::raise(argument_error("alibi::kv_cache: batch * capacity * kv_heads * head_dim (" +
+                                   detail::str(batch) + " * " + detail::str(capacity) + " * " +
+                                   detail::str(kv_heads) + " * " + detail::str(head_dim) +
+                                   ") elements must fit in 64-bit byte offsets; reduce capacity"));
     ops::resize(k_, n);
     ops::resize(v_, n);
     lengths_.assign(static_cast<std::size_t>(batch), 0);
@@ -108,8 +108,9 @@ class kv_cache {
   void truncate(index_t b, index_t length) {
     index_t& n = lengths_[sequence(b, "truncate")];
     if (length < 0 || length > n)
-      detail::raise(error("alibi::kv_cache::truncate: length must be in [0, " + detail::str(n) +
-                          "] for sequence " + detail::str(b) + ", got " + detail::str(length)));
+      detail::raise(argument_error("alibi::kv_cache::truncate: length must be in [0, " +
+                                   detail::str(n) + "] for sequence " + detail::str(b) + ", got " +
+                                   detail::str(length)));
     n = length;
     refresh_norms(b, length, length);
   }
@@ -171,9 +172,9 @@ class kv_cache {
   /// b as an index into lengths_, or an alibi::error naming `who`'s argument b.
   std::size_t sequence(index_t b, const char* who) const {
     if (b < 0 || b >= batch_)
-      detail::raise(error(std::string("alibi::kv_cache::") + who +
-                          ": b (the sequence) must be in [0, " + detail::str(batch_) + "), got " +
-                          detail::str(b)));
+      detail::raise(argument_error(std::string("alibi::kv_cache::") + who +
+                                   ": b (the sequence) must be in [0, " + detail::str(batch_) +
+                                   "), got " + detail::str(b)));
     return static_cast<std::size_t>(b);
   }
   index_t max_length() const {

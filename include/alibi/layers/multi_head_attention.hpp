@@ -224,21 +224,22 @@ class multi_head_attention {
   static mha_config resolve(mha_config c) {
     const std::string fn = "alibi::multi_head_attention";
     if (c.embed_dim <= 0 || c.q_heads <= 0)
-      detail::raise(error(fn + ": config.embed_dim and config.q_heads must be > 0, got " +
-                          detail::str(c.embed_dim) + " and " + detail::str(c.q_heads)));
+      detail::raise(argument_error(fn + ": config.embed_dim and config.q_heads must be > 0, got " +
+                                   detail::str(c.embed_dim) + " and " + detail::str(c.q_heads)));
     if (c.kv_heads == 0) c.kv_heads = c.q_heads;
     if (c.kv_heads < 0 || c.q_heads % c.kv_heads != 0)
-      detail::raise(error(fn + ": config.kv_heads (" + detail::str(c.kv_heads) +
-                          ") must divide config.q_heads (" + detail::str(c.q_heads) + ")"));
+      detail::raise(argument_error(fn + ": config.kv_heads (" + detail::str(c.kv_heads) +
+                                   ") must divide config.q_heads (" + detail::str(c.q_heads) +
+                                   ")"));
     if (c.head_dim == 0) {
       if (c.embed_dim % c.q_heads != 0)
-        detail::raise(error(fn + ": config.embed_dim (" + detail::str(c.embed_dim) +
-                            ") is not a multiple of config.q_heads (" + detail::str(c.q_heads) +
-                            "); set config.head_dim"));
+        detail::raise(argument_error(fn + ": config.embed_dim (" + detail::str(c.embed_dim) +
+                                     ") is not a multiple of config.q_heads (" +
+                                     detail::str(c.q_heads) + "); set config.head_dim"));
       c.head_dim = c.embed_dim / c.q_heads;
     }
     if (c.head_dim < 0 || c.key_dim < 0 || c.value_dim < 0)
-      detail::raise(error(fn + ": config.head_dim, key_dim and value_dim must be >= 0"));
+      detail::raise(argument_error(fn + ": config.head_dim, key_dim and value_dim must be >= 0"));
     if (c.key_dim == 0) c.key_dim = c.embed_dim;
     if (c.value_dim == 0) c.value_dim = c.embed_dim;
     // The projections' widths, and (parameter_table) their parameters' sizes, are formed
@@ -246,8 +247,9 @@ class multi_head_attention {
     index_t width = 0;
     if (__builtin_mul_overflow(c.q_heads, c.head_dim, &width) ||
         __builtin_mul_overflow(width, index_t(2), &width))
-      detail::raise(error(fn + ": config.q_heads * config.head_dim (" + detail::str(c.q_heads) +
-                          " * " + detail::str(c.head_dim) + ") does not fit in 64 bits"));
+      detail::raise(argument_error(fn + ": config.q_heads * config.head_dim (" +
+                                   detail::str(c.q_heads) + " * " + detail::str(c.head_dim) +
+                                   ") does not fit in 64 bits"));
     return c;
   }
 
@@ -287,40 +289,41 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
   const index_t nq = cfg_.q_heads * D, nkv = cfg_.kv_heads * D;
   // Preconditions: shapes, row strides, lengths, cache room.
   const index_t B = query.extents[0], Lq = query.extents[1], Lk = key.extents[1];
-  if (B < 0 || Lq < 0 || Lk < 0) detail::raise(error(f + ": extents must be >= 0"));
+  if (B < 0 || Lq < 0 || Lk < 0) detail::raise(argument_error(f + ": extents must be >= 0"));
   const index_t ldq = detail::row_stride(fn, "query", query, E);
   const index_t ldk = detail::row_stride(fn, "key", key, cfg_.key_dim);
   const index_t ldv = detail::row_stride(fn, "value", value, cfg_.value_dim);
   const index_t ldo = detail::row_stride(fn, "out", out, E);
   if (key.extents[0] != B || value.extents[0] != B || value.extents[1] != Lk)
-    detail::raise(error(f + ": key and value must have shape (" + str(B) + ", k_len, features) " +
-                        "with the same k_len; got key extents (" + str(key.extents[0]) + ", " +
-                        str(Lk) + ") and value extents (" + str(value.extents[0]) + ", " +
-                        str(value.extents[1]) + ")"));
+    detail::raise(argument_error(f + ": key and value must have shape (" + str(B) +
+                                 ", k_len, features) " + "with the same k_len; got key extents (" +
+                                 str(key.extents[0]) + ", " + str(Lk) + ") and value extents (" +
+                                 str(value.extents[0]) + ", " + str(value.extents[1]) + ")"));
   if (out.extents[0] != B || out.extents[1] != Lq)
-    detail::raise(error(f + ": out must have shape (" + str(B) + ", " + str(Lq) + ", " + str(E) +
-                        "), got (" + str(out.extents[0]) + ", " + str(out.extents[1]) + ", " +
-                        str(out.extents[2]) + ")"));
+    detail::raise(argument_error(f + ": out must have shape (" + str(B) + ", " + str(Lq) + ", " +
+                                 str(E) + "), got (" + str(out.extents[0]) + ", " +
+                                 str(out.extents[1]) + ", " + str(out.extents[2]) + ")"));
   const std::vector<index_t> q_len =
       detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, Lq);
   std::vector<index_t> k_len;
   if (cache != nullptr) {
     if (opt.k_lengths.data != nullptr || opt.key_padding_mask.data != nullptr)
-      detail::raise(error(f + ": opt.k_lengths and opt.key_padding_mask cannot be used with a " +
-                          "kv_cache (it tracks each sequence's length)"));
+      detail::raise(
+          argument_error(f + ": opt.k_lengths and opt.key_padding_mask cannot be used with a " +
+                         "kv_cache (it tracks each sequence's length)"));
     if (cache->batch() != B || cache->kv_heads() != cfg_.kv_heads || cache->head_dim() != D)
-      detail::raise(error(f + ": the kv_cache has batch " + str(cache->batch()) + ", kv_heads " +
-                          str(cache->kv_heads()) + ", head_dim " + str(cache->head_dim()) +
-                          "; the call needs " + str(B) + ", " + str(cfg_.kv_heads) + ", " +
-                          str(D)));
+      detail::raise(argument_error(f + ": the kv_cache has batch " + str(cache->batch()) +
+                                   ", kv_heads " + str(cache->kv_heads()) + ", head_dim " +
+                                   str(cache->head_dim()) + "; the call needs " + str(B) + ", " +
+                                   str(cfg_.kv_heads) + ", " + str(D)));
     k_len = cache->lengths();
     for (index_t b = 0; b < B; ++b) {
       index_t& n = k_len[static_cast<std::size_t>(b)];
       n += q_len[static_cast<std::size_t>(b)];
       if (n > cache->capacity())
-        detail::raise(error(f + ": sequence " + str(b) + " would hold " + str(n) +
-                            " tokens, more than the kv_cache's capacity " +
-                            str(cache->capacity())));
+        detail::raise(capacity_error(f + ": sequence " + str(b) + " would hold " + str(n) +
+                                     " tokens, more than the kv_cache's capacity " +
+                                     str(cache->capacity())));
     }
   } else {
     k_len = detail::host_lengths(fn, "opt.k_lengths", opt.k_lengths, B, Lk);
@@ -330,9 +333,9 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
                             opt.key_padding_mask.extents[1] != 0;
   if (has_key_mask &&
       (opt.key_padding_mask.extents[0] != B || opt.key_padding_mask.extents[1] != Lk))
-    detail::raise(error(f + ": opt.key_padding_mask must have shape (" + str(B) + ", " + str(Lk) +
-                        "), got (" + str(opt.key_padding_mask.extents[0]) + ", " +
-                        str(opt.key_padding_mask.extents[1]) + ")"));
+    detail::raise(argument_error(f + ": opt.key_padding_mask must have shape (" + str(B) + ", " +
+                                 str(Lk) + "), got (" + str(opt.key_padding_mask.extents[0]) +
+                                 ", " + str(opt.key_padding_mask.extents[1]) + ")"));
   double* t_proj = opt.timings ? &opt.timings->projections : nullptr;
   double* t_attn = opt.timings ? &opt.timings->attention : nullptr;
   const index_t rows_q = B * Lq, rows_k = B * Lk;
@@ -342,7 +345,7 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
   // q_. With a cache, keys and values are read from the cache after the append. A training
   // forward writes them into `saved` instead, which backward() reads.
   if (saved != nullptr && cache != nullptr)
-    detail::raise(error(f + ": a training forward cannot use a kv_cache"));
+    detail::raise(argument_error(f + ": a training forward cannot use a kv_cache"));
   auto& qbuf = saved ? saved->q_ : q_;
   auto& kvbuf = saved ? saved->kv_ : kv_;
   auto& ctxbuf = saved ? saved->ctx_ : ctx_;
@@ -443,12 +446,12 @@ void multi_head_attention<T, Backend>::train(tensor_view<const T, 3> query,
   const std::string f = fn;
   const index_t E = cfg_.embed_dim;
   const index_t B = query.extents[0], Lq = query.extents[1], Lk = key.extents[1];
-  if (B < 0 || Lq < 0 || Lk < 0) detail::raise(error(f + ": extents must be >= 0"));
+  if (B < 0 || Lq < 0 || Lk < 0) detail::raise(argument_error(f + ": extents must be >= 0"));
   if (key.extents[0] != B || value.extents[0] != B || value.extents[1] != Lk)
-    detail::raise(error(f + ": key and value must have shape (" + str(B) + ", k_len, features) " +
-                        "with the same k_len; got key extents (" + str(key.extents[0]) + ", " +
-                        str(Lk) + ") and value extents (" + str(value.extents[0]) + ", " +
-                        str(value.extents[1]) + ")"));
+    detail::raise(argument_error(f + ": key and value must have shape (" + str(B) +
+                                 ", k_len, features) " + "with the same k_len; got key extents (" +
+                                 str(key.extents[0]) + ", " + str(Lk) + ") and value extents (" +
+                                 str(value.extents[0]) + ", " + str(value.extents[1]) + ")"));
   const index_t ldq = detail::row_stride(fn, self ? "x" : "query", query, E);
   const index_t ldk = self ? ldq : detail::row_stride(fn, "key", key, cfg_.key_dim);
   const index_t ldv = self ? ldq : detail::row_stride(fn, "value", value, cfg_.value_dim);
@@ -523,10 +526,11 @@ void multi_head_attention<T, Backend>::record(activations& saved, const forward_
   saved.key_mask_.reset();
   if (km.data != nullptr || km.extents[0] != 0 || km.extents[1] != 0) {
     if (km.extents[0] != B || km.extents[1] != Lk)
-      detail::raise(error(f + ": opt.key_padding_mask must have shape (" + str(B) + ", " + str(Lk) +
-                          "), got (" + str(km.extents[0]) + ", " + str(km.extents[1]) + ")"));
+      detail::raise(argument_error(f + ": opt.key_padding_mask must have shape (" + str(B) + ", " +
+                                   str(Lk) + "), got (" + str(km.extents[0]) + ", " +
+                                   str(km.extents[1]) + ")"));
     if (B * Lk > 0 && km.data == nullptr)
-      detail::raise(error(f + ": opt.key_padding_mask.data is null"));
+      detail::raise(argument_error(f + ": opt.key_padding_mask.data is null"));
     saved.key_mask_.reset(new bool[static_cast<std::size_t>(B * Lk)]);
     for (index_t b = 0; b < B; ++b)
       for (index_t j = 0; j < Lk; ++j)
@@ -546,15 +550,16 @@ template <class T, class Backend>
 void multi_head_attention<T, Backend>::check_saved(const activations& saved, bool self) const {
   const std::string f = "alibi::multi_head_attention::backward";
   if (saved.owner_ != this)
-    detail::raise(error(f + ": `saved` holds no activations of this module (empty, from another " +
-                        "module, or its forward_train failed); pass the activations this " +
-                        "module's forward_train filled"));
-  if (saved.self_ != self)
     detail::raise(
-        error(f + (saved.self_ ? ": `saved` comes from a self-attention forward_train; call "
-                                 "backward(dy, saved, dx, grads)"
-                               : ": `saved` comes from a cross-attention forward_train; call "
-                                 "backward(dy, saved, dquery, dkey, dvalue, grads)")));
+        argument_error(f + ": `saved` holds no activations of this module (empty, from another " +
+                       "module, or its forward_train failed); pass the activations this " +
+                       "module's forward_train filled"));
+  if (saved.self_ != self)
+    detail::raise(argument_error(
+        f + (saved.self_ ? ": `saved` comes from a self-attention forward_train; call "
+                           "backward(dy, saved, dx, grads)"
+                         : ": `saved` comes from a cross-attention forward_train; call "
+                           "backward(dy, saved, dquery, dkey, dvalue, grads)")));
 }
 
 template <class T, class Backend>
@@ -582,9 +587,10 @@ void multi_head_attention<T, Backend>::backward_public(
   auto check = [&](const char* name, const auto& v, index_t len, index_t features) {
     const index_t ld = detail::row_stride(fn, name, v, features);
     if (v.extents[0] != B || v.extents[1] != len)
-      detail::raise(error(f + ": " + name + " must have shape (" + str(B) + ", " + str(len) + ", " +
-                          str(features) + ") as in forward_train, got (" + str(v.extents[0]) +
-                          ", " + str(v.extents[1]) + ", " + str(v.extents[2]) + ")"));
+      detail::raise(argument_error(f + ": " + name + " must have shape (" + str(B) + ", " +
+                                   str(len) + ", " + str(features) +
+                                   ") as in forward_train, got (" + str(v.extents[0]) + ", " +
+                                   str(v.extents[1]) + ", " + str(v.extents[2]) + ")"));
     return ld;
   };
   const index_t lddy = check("dy", dy, Lq, E);

@@ -24,9 +24,10 @@ class norm_layer {
   explicit norm_layer(norm_config config, const Backend& backend = Backend{})
       : backend_(backend), cfg_(config) {
     if (cfg_.dim <= 0)
-      detail::raise(
-          error("alibi::norm_layer: config.dim must be > 0, got " + detail::str(cfg_.dim)));
-    if (!(cfg_.eps >= 0.0f)) detail::raise(error("alibi::norm_layer: config.eps must be >= 0"));
+      detail::raise(argument_error("alibi::norm_layer: config.dim must be > 0, got " +
+                                   detail::str(cfg_.dim)));
+    if (!(cfg_.eps >= 0.0f))
+      detail::raise(argument_error("alibi::norm_layer: config.eps must be >= 0"));
     if (cfg_.kind == norm_type::rms_norm) cfg_.bias = false;
     params_.owner = "alibi::norm_layer";
     params_.slots = {{"weight", {cfg_.dim}, &norm_layer::gamma_, 1.0f}};
@@ -55,7 +56,7 @@ class norm_layer {
     const index_t ldx = detail::row_stride(fn, "x", x, cfg_.dim);
     const index_t ldo = detail::row_stride(fn, "out", out, cfg_.dim);
     if (out.extents[0] != x.extents[0] || out.extents[1] != x.extents[1])
-      detail::raise(error(std::string(fn) + ": out must have the shape of x"));
+      detail::raise(argument_error(std::string(fn) + ": out must have the shape of x"));
     detail::apply_norm<ops>(backend_, cfg_.kind, x.data, ldx, out.data, ldo,
                             x.extents[0] * x.extents[1], cfg_.dim, gamma_.data(),
                             cfg_.bias ? beta_.data() : nullptr, cfg_.eps);

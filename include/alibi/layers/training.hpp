@@ -63,17 +63,18 @@ class parameter_gradients {
     }
     const std::string f = fn;
     if (entries_.size() != params.size())
-      detail::raise(
-          error(f + ": grads holds " + detail::str(static_cast<index_t>(entries_.size())) +
-                " gradients, the module has " + detail::str(static_cast<index_t>(params.size())) +
-                " parameters; pass an empty parameter_gradients or one made from "
-                "this module's parameters()"));
+      detail::raise(argument_error(
+          f + ": grads holds " + detail::str(static_cast<index_t>(entries_.size())) +
+          " gradients, the module has " + detail::str(static_cast<index_t>(params.size())) +
+          " parameters; pass an empty parameter_gradients or one made from "
+          "this module's parameters()"));
     for (std::size_t i = 0; i < params.size(); ++i)
       if (entries_[i].name != params[i].name || entries_[i].shape != params[i].shape)
-        detail::raise(error(f + ": grads entry " + detail::str(static_cast<index_t>(i)) + " is '" +
-                            entries_[i].name + "' " + detail::shape_text(entries_[i].shape) +
-                            ", the module's parameter is '" + params[i].name + "' " +
-                            detail::shape_text(params[i].shape)));
+        detail::raise(argument_error(f + ": grads entry " + detail::str(static_cast<index_t>(i)) +
+                                     " is '" + entries_[i].name + "' " +
+                                     detail::shape_text(entries_[i].shape) +
+                                     ", the module's parameter is '" + params[i].name + "' " +
+                                     detail::shape_text(params[i].shape)));
   }
 
  private:
@@ -94,8 +95,9 @@ class parameter_gradients {
     if (const entry* e = lookup(name)) return const_cast<entry&>(*e);
     std::string known;
     for (const entry& e : entries_) known += (known.empty() ? "" : ", ") + e.name;
-    detail::raise(error("alibi::parameter_gradients: no gradient named '" + name +
-                        "'; gradients: " + (known.empty() ? std::string("(none)") : known)));
+    detail::raise(
+        argument_error("alibi::parameter_gradients: no gradient named '" + name +
+                       "'; gradients: " + (known.empty() ? std::string("(none)") : known)));
   }
 
   std::vector<entry> entries_;

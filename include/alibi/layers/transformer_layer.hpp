@@ -62,14 +62,14 @@ class transformer_layer {
     cfg_.attention = attn_.config();
     const index_t E = cfg_.attention.embed_dim;
     if (cfg_.ff_dim == 0 && __builtin_mul_overflow(E, index_t(4), &cfg_.ff_dim))
-      detail::raise(
-          error("alibi::transformer_layer: the default config.ff_dim, 4 * embed_dim (4 * " +
-                detail::str(E) + "), does not fit in 64 bits"));
+      detail::raise(argument_error(
+          "alibi::transformer_layer: the default config.ff_dim, 4 * embed_dim (4 * " +
+          detail::str(E) + "), does not fit in 64 bits"));
     if (cfg_.ff_dim < 0)
-      detail::raise(error("alibi::transformer_layer: config.ff_dim must be >= 0, got " +
-                          detail::str(cfg_.ff_dim)));
+      detail::raise(argument_error("alibi::transformer_layer: config.ff_dim must be >= 0, got " +
+                                   detail::str(cfg_.ff_dim)));
     if (!(cfg_.norm_eps >= 0.0f))
-      detail::raise(error("alibi::transformer_layer: config.norm_eps must be >= 0"));
+      detail::raise(argument_error("alibi::transformer_layer: config.norm_eps must be >= 0"));
     if (cfg_.norm_kind == norm_type::rms_norm) cfg_.norm_bias = false;
     const index_t F = cfg_.ff_dim;
     const bool gated = cfg_.ffn == ffn_type::gated;
@@ -139,8 +139,8 @@ class transformer_layer {
                      const forward_options& opt = {}) {
     if (reduce_ || !lead_)
       detail::raise(
-          error("alibi::transformer_layer::forward_train: a tensor-parallel shard "
-                "(set_partial_sums) has no training path"));
+          argument_error("alibi::transformer_layer::forward_train: a tensor-parallel shard "
+                         "(set_partial_sums) has no training path"));
     multi_head_attention<T, Backend>::require_backward();
     if constexpr (detail::has_layer_backward<Backend>::value) train(x, out, saved, opt);
   }
@@ -194,8 +194,9 @@ class transformer_layer {
     const index_t ldx = detail::row_stride(fn, "x", x, E);
     const index_t ldo = detail::row_stride(fn, "out", out, E);
     if (out.extents[0] != B || out.extents[1] != L)
-      detail::raise(error(std::string(fn) + ": out must have the shape of x (" + detail::str(B) +
-                          ", " + detail::str(L) + ", " + detail::str(E) + ")"));
+      detail::raise(argument_error(std::string(fn) + ": out must have the shape of x (" +
+                                   detail::str(B) + ", " + detail::str(L) + ", " + detail::str(E) +
+                                   ")"));
     const std::vector<index_t> q_len =
         detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, L);
     double* t_norm = opt.timings ? &opt.timings->norms : nullptr;
@@ -286,12 +287,13 @@ void transformer_layer<T, Backend>::train(tensor_view<const T, 3> x, tensor_view
   const char* fn = "alibi::transformer_layer::forward_train";
   const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
   const index_t B = x.extents[0], L = x.extents[1], rows = B * L;
-  if (B < 0 || L < 0) detail::raise(error(std::string(fn) + ": extents must be >= 0"));
+  if (B < 0 || L < 0) detail::raise(argument_error(std::string(fn) + ": extents must be >= 0"));
   const index_t ldx = detail::row_stride(fn, "x", x, E);
   const index_t ldo = detail::row_stride(fn, "out", out, E);
   if (out.extents[0] != B || out.extents[1] != L)
-    detail::raise(error(std::string(fn) + ": out must have the shape of x (" + detail::str(B) +
-                        ", " + detail::str(L) + ", " + detail::str(E) + ")"));
+    detail::raise(argument_error(std::string(fn) + ": out must have the shape of x (" +
+                                 detail::str(B) + ", " + detail::str(L) + ", " + detail::str(E) +
+                                 ")"));
   saved.owner_ = nullptr;  // not usable until the forward has succeeded
   saved.batch_ = B;
   saved.len_ = L;
@@ -360,18 +362,19 @@ void transformer_layer<T, Backend>::backward_impl(tensor_view<const T, 3> dy,
   const char* fn = "alibi::transformer_layer::backward";
   const std::string f = fn;
   if (saved.owner_ != this)
-    detail::raise(error(f + ": `saved` holds no activations of this layer (empty, from another " +
-                        "layer, or its forward_train failed); pass the activations this " +
-                        "layer's forward_train filled"));
+    detail::raise(
+        argument_error(f + ": `saved` holds no activations of this layer (empty, from another " +
+                       "layer, or its forward_train failed); pass the activations this " +
+                       "layer's forward_train filled"));
   const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
   const index_t B = saved.batch_, L = saved.len_, rows = B * L;
   const index_t lddy = detail::row_stride(fn, "dy", dy, E);
   const index_t lddx = detail::row_stride(fn, "dx", dx, E);
   auto check_shape = [&](const char* name, const index_t* ext) {
     if (ext[0] != B || ext[1] != L)
-      detail::raise(error(f + ": " + name + " must have shape (" + str(B) + ", " + str(L) + ", " +
-                          str(E) + ") as in forward_train, got (" + str(ext[0]) + ", " +
-                          str(ext[1]) + ", " + str(ext[2]) + ")"));
+      detail::raise(argument_error(f + ": " + name + " must have shape (" + str(B) + ", " + str(L) +
+                                   ", " + str(E) + ") as in forward_train, got (" + str(ext[0]) +
+                                   ", " + str(ext[1]) + ", " + str(ext[2]) + ")"));
   };
   check_shape("dy", dy.extents);
   check_shape("dx", dx.extents);

@@ -57,13 +57,15 @@ class causal_lm {
         final_norm_(family_.norm(), backend) {
     const index_t E = family_.layer.attention.embed_dim;
     if (vocab <= 0 || family_.num_layers <= 0)
-      detail::raise(error("alibi::causal_lm: vocab and family.num_layers must be > 0, got " +
-                          detail::str(vocab) + " and " + detail::str(family_.num_layers)));
+      detail::raise(
+          argument_error("alibi::causal_lm: vocab and family.num_layers must be > 0, got " +
+                         detail::str(vocab) + " and " + detail::str(family_.num_layers)));
     index_t elements = 0;
     if (__builtin_mul_overflow(vocab, E, &elements) ||
         __builtin_mul_overflow(elements, index_t(sizeof(T)), &elements))
-      detail::raise(error("alibi::causal_lm: vocab * embed_dim (" + detail::str(vocab) + " * " +
-                          detail::str(E) + ") does not fit in 64-bit byte counts"));
+      detail::raise(argument_error("alibi::causal_lm: vocab * embed_dim (" + detail::str(vocab) +
+                                   " * " + detail::str(E) +
+                                   ") does not fit in 64-bit byte counts"));
     layers_.reserve(static_cast<std::size_t>(family_.num_layers));
     for (index_t i = 0; i < family_.num_layers; ++i) layers_.emplace_back(family_.layer, backend);
     embedding_.assign(static_cast<std::size_t>(vocab * E), T(0));
@@ -86,9 +88,9 @@ class causal_lm {
       const safetensors::tensor_info& head = file.info("lm_head.weight");
       const index_t E = embed_dim();
       if (head.shape.size() != 2 || head.shape[0] != vocab_ || head.shape[1] != E)
-        detail::raise(error("alibi::causal_lm: lm_head.weight must have shape (" +
-                            detail::str(vocab_) + ", " + detail::str(E) + "), got " +
-                            detail::shape_text(head.shape)));
+        detail::raise(argument_error("alibi::causal_lm: lm_head.weight must have shape (" +
+                                     detail::str(vocab_) + ", " + detail::str(E) + "), got " +
+                                     detail::shape_text(head.shape)));
       set_output_head(file.to_float("lm_head.weight").data());
     }
   }
@@ -138,12 +140,12 @@ class causal_lm {
   /// every layer's cache alike.
   std::vector<cache_type>& caches() {
     if (caches_.empty())
-      detail::raise(error("alibi::causal_lm: call start(batch, capacity) first"));
+      detail::raise(argument_error("alibi::causal_lm: call start(batch, capacity) first"));
     return caches_;
   }
   const std::vector<cache_type>& caches() const {
     if (caches_.empty())
-      detail::raise(error("alibi::causal_lm: call start(batch, capacity) first"));
+      detail::raise(argument_error("alibi::causal_lm: call start(batch, capacity) first"));
     return caches_;
   }
 
@@ -171,19 +173,19 @@ class causal_lm {
     const std::string name = family_root(file, family) + family.embedding + ".weight";
     if (!file.contains(name))
       detail::raise(
-          error("alibi::causal_lm: the checkpoint has no token embedding '" + name + "'"));
+          argument_error("alibi::causal_lm: the checkpoint has no token embedding '" + name + "'"));
     const safetensors::tensor_info& t = file.info(name);
     if (t.shape.size() != 2 || t.shape[1] != family.layer.attention.embed_dim)
-      detail::raise(error("alibi::causal_lm: '" + name + "' must have shape (vocab, " +
-                          detail::str(family.layer.attention.embed_dim) + "), got " +
-                          detail::shape_text(t.shape)));
+      detail::raise(argument_error("alibi::causal_lm: '" + name + "' must have shape (vocab, " +
+                                   detail::str(family.layer.attention.embed_dim) + "), got " +
+                                   detail::shape_text(t.shape)));
     return t.shape[0];
   }
 
   std::size_t layer_index(index_t i) const {
     if (i < 0 || i >= num_layers())
-      detail::raise(error("alibi::causal_lm::layer: i must be in [0, " + detail::str(num_layers()) +
-                          "), got " + detail::str(i)));
+      detail::raise(argument_error("alibi::causal_lm::layer: i must be in [0, " +
+                                   detail::str(num_layers()) + "), got " + detail::str(i)));
     return static_cast<std::size_t>(i);
   }
 
@@ -194,31 +196,34 @@ class causal_lm {
     std::vector<cache_type>& cs = caches();
     const index_t B = tokens.extents[0], n = tokens.extents[1], E = embed_dim();
     if (B != cs.front().batch() || n < 0)
-      detail::raise(error(f + ": tokens must have shape (batch = " + str(cs.front().batch()) +
-                          ", n), got (" + str(B) + ", " + str(n) + ")"));
+      detail::raise(argument_error(f +
+                                   ": tokens must have shape (batch = " + str(cs.front().batch()) +
+                                   ", n), got (" + str(B) + ", " + str(n) + ")"));
     if (logits.extents[0] != B || logits.extents[1] != vocab_ || logits.data == nullptr)
-      detail::raise(error(f + ": logits must have shape (" + str(B) + ", " + str(vocab_) +
-                          "), got (" + str(logits.extents[0]) + ", " + str(logits.extents[1]) +
-                          ")" + (logits.data == nullptr ? " with null data" : "")));
+      detail::raise(argument_error(f + ": logits must have shape (" + str(B) + ", " + str(vocab_) +
+                                   "), got (" + str(logits.extents[0]) + ", " +
+                                   str(logits.extents[1]) + ")" +
+                                   (logits.data == nullptr ? " with null data" : "")));
     // Valid tokens per sequence, each checked: a token outside the vocabulary would read
     // past the embedding.
     std::vector<index_t> len(static_cast<std::size_t>(B), n);
     if (lengths.data != nullptr) {
       if (lengths.extents[0] != B)
-        detail::raise(error(f + ": lengths must have shape (" + str(B) + "), got (" +
-                            str(lengths.extents[0]) + ")"));
+        detail::raise(argument_error(f + ": lengths must have shape (" + str(B) + "), got (" +
+                                     str(lengths.extents[0]) + ")"));
       for (index_t b = 0; b < B; ++b) {
         if (lengths(b) < 0 || lengths(b) > n)
-          detail::raise(error(f + ": lengths(" + str(b) + ") must be in [0, " + str(n) + "], got " +
-                              str(lengths(b))));
+          detail::raise(argument_error(f + ": lengths(" + str(b) + ") must be in [0, " + str(n) +
+                                       "], got " + str(lengths(b))));
         len[static_cast<std::size_t>(b)] = lengths(b);
       }
     }
     for (index_t b = 0; b < B; ++b)
       for (index_t i = 0; i < len[static_cast<std::size_t>(b)]; ++i)
         if (tokens(b, i) < 0 || tokens(b, i) >= vocab_)
-          detail::raise(error(f + ": tokens(" + str(b) + ", " + str(i) + ") must be in [0, " +
-                              str(vocab_) + "), got " + str(tokens(b, i))));
+          detail::raise(argument_error(f + ": tokens(" + str(b) + ", " + str(i) +
+                                       ") must be in [0, " + str(vocab_) + "), got " +
+                                       str(tokens(b, i))));
     if (B == 0 || n == 0) return;
 
     // x (B, n, E): the new tokens' embeddings; rows past a sequence's length hold 0.

@@ -30,12 +30,13 @@ void load_parameters_from(Module& module, const File& file, const std::string& p
     const std::string full = prefix + p.name;
     const std::string expected = detail::shape_text(p.shape);
     if (!file.contains(full))
-      detail::raise(error("alibi::load_parameters: " + file.origin() + " has no tensor '" + full +
-                          "' (expected shape " + expected + ")"));
+      detail::raise(argument_error("alibi::load_parameters: " + file.origin() + " has no tensor '" +
+                                   full + "' (expected shape " + expected + ")"));
     const safetensors::tensor_info& t = file.info(full);
     if (t.shape != p.shape)
-      detail::raise(error("alibi::load_parameters: tensor '" + full + "' in " + file.origin() +
-                          " has shape " + detail::shape_text(t.shape) + ", expected " + expected));
+      detail::raise(argument_error("alibi::load_parameters: tensor '" + full + "' in " +
+                                   file.origin() + " has shape " + detail::shape_text(t.shape) +
+                                   ", expected " + expected));
     module.set(p.name, file.template to_float<Isa>(full).data(), p.shape);
   }
 }
@@ -99,8 +100,8 @@ std::string family_root(const File& file, const model_family& family, const char
     if (file.contains(family.layer_prefix(0, r) + probe)) return r;
     tried += (tried.empty() ? "'" : ", '") + family.layer_prefix(0, r) + probe + "'";
   }
-  detail::raise(error(std::string(fn) + ": " + file.origin() + " holds no " + family.name +
-                      " layer: none of " + tried + " is in it"));
+  detail::raise(io_error(std::string(fn) + ": " + file.origin() + " holds no " + family.name +
+                         " layer: none of " + tried + " is in it"));
 }
 
 template <class Isa, class T, class Backend, class File>
@@ -113,18 +114,18 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
   const checkpoint_names& n = family.names;
   const index_t P = slice.ranks, rank = slice.rank;
   if (P < 1 || rank < 0 || rank >= P)
-    detail::raise(
-        error(f + ": the slice's rank " + str(rank) + " is outside [0, ranks = " + str(P) + ")"));
+    detail::raise(argument_error(f + ": the slice's rank " + str(rank) +
+                                 " is outside [0, ranks = " + str(P) + ")"));
   if (index < 0 || (family.num_layers > 0 && index >= family.num_layers))
-    detail::raise(error(f + ": layer index " + str(index) + " is outside [0, " +
-                        str(family.num_layers) + ") (" + family.name + " layers)"));
+    detail::raise(argument_error(f + ": layer index " + str(index) + " is outside [0, " +
+                                 str(family.num_layers) + ") (" + family.name + " layers)"));
   if (c.ffn == ffn_type::gated && n.gate.empty())
-    detail::raise(error(f + ": the layer has a gated FFN but " + family.name +
-                        " checkpoints name no gate projection (names.gate)"));
+    detail::raise(argument_error(f + ": the layer has a gated FFN but " + family.name +
+                                 " checkpoints name no gate projection (names.gate)"));
   if (n.packing == qkv_packing::per_head && a.q_heads != a.kv_heads)
-    detail::raise(error(f + ": per-head packed q/k/v (" + family.name +
-                        ") needs q_heads == kv_heads, the layer has " + str(a.q_heads) + " and " +
-                        str(a.kv_heads)));
+    detail::raise(argument_error(f + ": per-head packed q/k/v (" + family.name +
+                                 ") needs q_heads == kv_heads, the layer has " + str(a.q_heads) +
+                                 " and " + str(a.kv_heads)));
   const std::string prefix = family.layer_prefix(index, family_root(file, family, fn));
   std::set<std::string> wanted;
   for (const parameter_info& p : layer.parameters()) wanted.insert(p.name);
@@ -147,12 +148,12 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
   // The tensor `name` of the checkpoint, which must have `shape`.
   auto check = [&](const std::string& name, const std::vector<index_t>& shape) {
     if (!file.contains(name))
-      detail::raise(error(f + ": " + file.origin() + " has no tensor '" + name +
-                          "' (expected shape " + shape_text(shape) + ")"));
+      detail::raise(io_error(f + ": " + file.origin() + " has no tensor '" + name +
+                             "' (expected shape " + shape_text(shape) + ")"));
     const safetensors::tensor_info& t = file.info(name);
     if (t.shape != shape)
-      detail::raise(error(f + ": tensor '" + name + "' in " + file.origin() + " has shape " +
-                          shape_text(t.shape) + ", expected " + shape_text(shape)));
+      detail::raise(io_error(f + ": tensor '" + name + "' in " + file.origin() + " has shape " +
+                             shape_text(t.shape) + ", expected " + shape_text(shape)));
   };
   // Rows [row, row + count) of a checkpoint tensor of `shape` (row-major), appended to dst;
   // only those rows are converted.
@@ -237,8 +238,8 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
   direct(n.down, "ffn.2", cut::cols);
   for (const std::string& w : wanted)
     if (!loaded.count(w))
-      detail::raise(
-          error(f + ": the " + family.name + " names set no tensor for parameter '" + w + "'"));
+      detail::raise(argument_error(f + ": the " + family.name +
+                                   " names set no tensor for parameter '" + w + "'"));
 }
 
 /// Typed reads of config.json fields: the first of `keys` present (a missing field, or one
@@ -257,7 +258,7 @@ struct config_reader {
     return nullptr;
   }
   [[noreturn]] void fail(const std::string& what) const {
-    detail::raise(error("alibi::families::from_config: the " + model + " config's " + what));
+    detail::raise(io_error("alibi::families::from_config: the " + model + " config's " + what));
   }
   index_t integer(std::initializer_list<const char*> keys) const {
     std::string names;
@@ -338,9 +339,9 @@ inline model_family from_config(const std::string& config_json) {
       config_json.data(), config_json.data() + config_json.size(), "alibi::families::from_config");
   const nlohmann::json& j = *document;
   if (!j.is_object())
-    detail::raise(error("alibi::families::from_config: the text is not a JSON object"));
+    detail::raise(io_error("alibi::families::from_config: the text is not a JSON object"));
   if (!j.contains("model_type") || !j.at("model_type").is_string())
-    detail::raise(error("alibi::families::from_config: the config has no model_type"));
+    detail::raise(io_error("alibi::families::from_config: the config has no model_type"));
   const std::string type = j.at("model_type").get<std::string>();
   const detail::config_reader r{j, type};
   if (type == "bloom") {
@@ -404,14 +405,14 @@ inline model_family from_config(const std::string& config_json) {
                      r.integer({"num_hidden_layers", "n_layer"}), r.flag(j, "bias", false),
                      r.real(j, "layer_norm_epsilon", 1e-5f));
   }
-  detail::raise(error("alibi::families::from_config: model_type '" + type +
-                      "' is not an ALiBi family alibi knows (bloom, mpt, baichuan, falcon)"));
+  detail::raise(io_error("alibi::families::from_config: model_type '" + type +
+                         "' is not an ALiBi family alibi knows (bloom, mpt, baichuan, falcon)"));
 }
 
 /// from_config() of a config.json file.
 inline model_family from_config_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) detail::raise(error("alibi::families::from_config_file: cannot open " + path));
+  if (!in) detail::raise(io_error("alibi::families::from_config_file: cannot open " + path));
   return from_config(std::string(std::istreambuf_iterator<char>(in), {}));
 }
 

@@ -76,11 +76,11 @@ namespace detail_family {
 inline layer_config decoder(const char* fn, index_t hidden, index_t heads, index_t layers) {
   const std::string f = fn;
   if (hidden <= 0 || heads <= 0 || hidden % heads != 0)
-    detail::raise(error(f + ": the hidden size (" + detail::str(hidden) +
-                        ") must be a positive multiple of the head count (" + detail::str(heads) +
-                        ")"));
+    detail::raise(argument_error(f + ": the hidden size (" + detail::str(hidden) +
+                                 ") must be a positive multiple of the head count (" +
+                                 detail::str(heads) + ")"));
   if (layers < 0)
-    detail::raise(error(f + ": the layer count must be >= 0, got " + detail::str(layers)));
+    detail::raise(argument_error(f + ": the layer count must be >= 0, got " + detail::str(layers)));
   layer_config c;
   c.attention.embed_dim = hidden;
   c.attention.q_heads = heads;
@@ -92,9 +92,9 @@ inline layer_config decoder(const char* fn, index_t hidden, index_t heads, index
 /// naming the field where the product does not fit in int64 (a signed overflow is undefined).
 inline index_t ff_width(const char* fn, const char* field, index_t factor, index_t hidden) {
   if (hidden > std::numeric_limits<index_t>::max() / factor)
-    detail::raise(error(std::string(fn) + ": the feed-forward width " + field + " (" +
-                        detail::str(factor) + " x " + detail::str(hidden) +
-                        ") does not fit in a 64-bit index"));
+    detail::raise(argument_error(std::string(fn) + ": the feed-forward width " + field + " (" +
+                                 detail::str(factor) + " x " + detail::str(hidden) +
+                                 ") does not fit in a 64-bit index"));
   return factor * hidden;
 }
 
@@ -154,8 +154,8 @@ inline model_family mpt(index_t d_model, index_t n_heads, index_t n_layers,
   f.name = "mpt";
   f.layer = detail_family::decoder("alibi::families::mpt", d_model, n_heads, n_layers);
   if (expansion_ratio <= 0)
-    detail::raise(error("alibi::families::mpt: expansion_ratio must be > 0, got " +
-                        detail::str(expansion_ratio)));
+    detail::raise(argument_error("alibi::families::mpt: expansion_ratio must be > 0, got " +
+                                 detail::str(expansion_ratio)));
   f.layer.attention.kv_heads = kv_n_heads;
   f.layer.attention.bias = !no_bias;
   f.layer.attention.slopes.max_bias = alibi_bias_max;
@@ -184,8 +184,8 @@ inline model_family baichuan(index_t hidden_size, index_t num_attention_heads,
   f.layer = detail_family::decoder("alibi::families::baichuan", hidden_size, num_attention_heads,
                                    num_hidden_layers);
   if (intermediate_size <= 0)
-    detail::raise(error("alibi::families::baichuan: intermediate_size must be > 0, got " +
-                        detail::str(intermediate_size)));
+    detail::raise(argument_error("alibi::families::baichuan: intermediate_size must be > 0, got " +
+                                 detail::str(intermediate_size)));
   f.layer.attention.bias = false;
   f.layer.ff_dim = intermediate_size;
   f.layer.ffn_bias = false;

@@ -106,22 +106,23 @@ class agreement {
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, words, 1 + 2 * fields, MPI_INT64_T, MPI_MIN, comm),
               "MPI_Allreduce (argument check)");
     if (refused)
-      raise(error(!local_error.empty()
-                      ? local_error
-                      : std::string(fn) + ": could not set up the call (out of memory)"));
+      raise(argument_error(!local_error.empty()
+                               ? local_error
+                               : std::string(fn) + ": could not set up the call (out of memory)"));
     if (words[0] < P)
-      raise(error(std::string(fn) + ": rank " + std::to_string(words[0]) +
-                  " refused its arguments (its error says why)"));
+      raise(argument_error(std::string(fn) + ": rank " + std::to_string(words[0]) +
+                           " refused its arguments (its error says why)"));
     for (int f = 0; f < fields; ++f) {
       const std::int64_t lo = words[1 + f], hi = ~words[1 + fields + f];
       if (lo == hi) continue;
       const std::int64_t v = f == 0 ? call_ : values_[f - 1];
-      raise(error(std::string(fn) + ": the ranks disagree on " +
-                  (f == 0 ? std::string("the call number (a rank made more alibi::mpi calls on "
-                                        "this communicator than another)")
-                          : std::string(names_[f - 1])) +
-                  ": the values range from " + std::to_string(lo) + " to " + std::to_string(hi) +
-                  ", rank " + std::to_string(rank) + " has " + std::to_string(v)));
+      raise(argument_error(
+          std::string(fn) + ": the ranks disagree on " +
+          (f == 0 ? std::string("the call number (a rank made more alibi::mpi calls on "
+                                "this communicator than another)")
+                  : std::string(names_[f - 1])) +
+          ": the values range from " + std::to_string(lo) + " to " + std::to_string(hi) +
+          ", rank " + std::to_string(rank) + " has " + std::to_string(v)));
     }
     if (owned_ > 0)
       check_mpi(MPI_Allgather(own_, owned_, MPI_INT64_T, own_all.data(), owned_, MPI_INT64_T, comm),
@@ -147,7 +148,8 @@ class agreement {
   /// A field list longer than the arrays: a defect of alibi, refused on every rank alike
   /// (the lists are fixed in the code).
   [[noreturn]] static void fields_full() {
-    raise(error("alibi::mpi: an agreement has more fields than it holds (raise max_compared)"));
+    raise(argument_error(
+        "alibi::mpi: an agreement has more fields than it holds (raise max_compared)"));
   }
 
   const char* names_[max_compared] = {};
@@ -293,12 +295,14 @@ std::int64_t agree(MPI_Comm comm, const char* fn, const Backend& backend,
   for (int r = 0; r < P; ++r)
     total = std::min(pos_limit, total + lengths[static_cast<std::size_t>(r)]);
   if (total >= pos_limit)
-    raise(error(std::string(fn) + ": the sequence (the rows of every rank) must be shorter than "
-                                  "2^60 rows"));
+    raise(argument_error(std::string(fn) +
+                         ": the sequence (the rows of every rank) must be shorter than "
+                         "2^60 rows"));
   for (index_t b = 0; hp.k_lengths.data && b < B; ++b)
     if (hp.k_lengths(b) > total)
-      raise(error(std::string(fn) + ": params.k_lengths(" + str(b) + ") = " + str(hp.k_lengths(b)) +
-                  " is longer than the sequence (" + str(total) + " rows over the ranks)"));
+      raise(argument_error(std::string(fn) + ": params.k_lengths(" + str(b) +
+                           ") = " + str(hp.k_lengths(b)) + " is longer than the sequence (" +
+                           str(total) + " rows over the ranks)"));
   return a.call_number();
 }
 
@@ -309,8 +313,8 @@ inline void require_equal_rows(const char* fn, const char* rule,
                                const std::vector<index_t>& lengths) {
   for (std::size_t r = 1; r < lengths.size(); ++r)
     if (lengths[r] != lengths[0])
-      raise(error(std::string(fn) + ": " + rule + ": rank 0 has " + str(lengths[0]) + ", rank " +
-                  std::to_string(r) + " has " + str(lengths[r])));
+      raise(argument_error(std::string(fn) + ": " + rule + ": rank 0 has " + str(lengths[0]) +
+                           ", rank " + std::to_string(r) + " has " + str(lengths[r])));
 }
 
 /// A tensor-parallel module's configuration, which every rank must build alike: defaults

@@ -28,7 +28,7 @@ inline void check_mpi(int rc, const char* what) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int n = 0;
   MPI_Error_string(rc, text, &n);
-  raise(error(std::string("alibi::mpi: ") + what + " failed: " + text));
+  raise(distributed_error(std::string("alibi::mpi: ") + what + " failed: " + text));
 }
 
 /// This rank's index in comm, and comm's number of ranks.
@@ -78,10 +78,10 @@ inline void all_succeeded(MPI_Comm comm, const char* fn, const call_failure& fai
   int mine = failure.failed() ? rank : P, lowest = P;
   check_mpi(MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm),
             "MPI_Allreduce (failure check)");
-  if (failure.failed()) raise(error(failure.message(fn)));
+  if (failure.failed()) raise(distributed_error(failure.message(fn)));
   if (lowest < P)
-    raise(error(std::string(fn) + ": rank " + std::to_string(lowest) +
-                " failed (its error says why)"));
+    raise(distributed_error(std::string(fn) + ": rank " + std::to_string(lowest) +
+                            " failed (its error says why)"));
 }
 
 /// all_succeeded for a failure kept as a message (empty: none).
@@ -90,9 +90,10 @@ inline void all_succeeded(MPI_Comm comm, const std::string& fn, const std::strin
   int mine = failure.empty() ? P : rank, lowest = P;
   check_mpi(MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm),
             "MPI_Allreduce (failure check)");
-  if (!failure.empty()) raise(error(failure));
+  if (!failure.empty()) raise(distributed_error(failure));
   if (lowest < P)
-    raise(error(fn + ": rank " + std::to_string(lowest) + " failed (its error says why)"));
+    raise(distributed_error(fn + ": rank " + std::to_string(lowest) +
+                            " failed (its error says why)"));
 }
 
 /// Runs f, for a staged backend with its exceptions caught into `failure` (the first only;
@@ -181,7 +182,8 @@ class request_set {
   }
   /// Where the next request goes.
   MPI_Request* next() {
-    if (count_ == capacity) raise(error("alibi::mpi: more requests than a request_set holds"));
+    if (count_ == capacity)
+      raise(argument_error("alibi::mpi: more requests than a request_set holds"));
     return &req_[count_++];
   }
   int size() const { return count_; }

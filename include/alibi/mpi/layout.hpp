@@ -113,7 +113,7 @@ class whole_key_mask {
     for (int r = 0; r < P; ++r) {
       const index_t c = B * lengths[static_cast<std::size_t>(r)];
       if (c + L * B > std::numeric_limits<int>::max())
-        raise(error("alibi::mpi: a key mask of more than 2^31 - 1 elements"));
+        raise(argument_error("alibi::mpi: a key mask of more than 2^31 - 1 elements"));
       counts_[static_cast<std::size_t>(r)] = static_cast<int>(c);
       displs_[static_cast<std::size_t>(r)] = static_cast<int>(L * B);
       L += lengths[static_cast<std::size_t>(r)];

@@ -41,17 +41,17 @@ inline std::vector<ring_segment> ring_segments(ring_layout layout, int rank,
   const std::string fn = "alibi::mpi::ring_segments";
   const int P = static_cast<int>(lengths.size());
   if (rank < 0 || rank >= P)
-    detail::raise(error(fn + ": rank must be in [0, lengths.size() = " + std::to_string(P) +
-                        "), got " + std::to_string(rank)));
+    detail::raise(argument_error(fn + ": rank must be in [0, lengths.size() = " +
+                                 std::to_string(P) + "), got " + std::to_string(rank)));
   for (int r = 0; r < P; ++r)
     if (lengths[static_cast<std::size_t>(r)] < 0 ||
         (layout == ring_layout::zigzag &&
          (lengths[static_cast<std::size_t>(r)] != lengths[0] || lengths[0] % 2 != 0)))
-      detail::raise(error(fn + ": lengths[" + std::to_string(r) +
-                          "] = " + std::to_string(lengths[static_cast<std::size_t>(r)]) +
-                          (layout == ring_layout::zigzag
-                               ? " must equal every other rank's, and be even (zigzag)"
-                               : " must be >= 0")));
+      detail::raise(argument_error(fn + ": lengths[" + std::to_string(r) +
+                                   "] = " + std::to_string(lengths[static_cast<std::size_t>(r)]) +
+                                   (layout == ring_layout::zigzag
+                                        ? " must equal every other rank's, and be even (zigzag)"
+                                        : " must be >= 0")));
   if (layout == ring_layout::contiguous) {
     index_t position = 0;
     for (int r = 0; r < rank; ++r) position += lengths[static_cast<std::size_t>(r)];
@@ -67,7 +67,7 @@ inline std::vector<ring_segment> ring_segments(ring_layout layout, int rank, int
                                                index_t total) {
   const index_t parts = layout == ring_layout::zigzag ? 2 * index_t(ranks) : index_t(ranks);
   if (ranks < 1 || total < 0 || total % parts != 0)
-    detail::raise(error(
+    detail::raise(argument_error(
         "alibi::mpi::ring_segments: total (" + std::to_string(total) + ") must be a multiple of " +
         (layout == ring_layout::zigzag ? "2 x ranks (" : "ranks (") + std::to_string(parts) + ")"));
   return ring_segments(layout, rank,

@@ -59,8 +59,8 @@ void allreduce_staged_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld
   const int P = comm_size(comm), rank = comm_rank(comm);
   if (!flagged_allreduce_fits(n, P))
     raise(
-        error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 1 "
-              "elements (one MPI message's count) with the ranks' flags"));
+        argument_error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 1 "
+                       "elements (one MPI message's count) with the ranks' flags"));
   pack.assign(static_cast<std::size_t>(n + P), T(0));
   std::string failure;
   guarded<Backend>(failure, fn, [&] {
@@ -71,10 +71,10 @@ void allreduce_staged_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, pack.data(), static_cast<int>(n + P), mpi_type<T>(),
                           MPI_SUM, comm),
             "MPI_Allreduce (tensor-parallel partial sums)");
-  if (!failure.empty()) raise(error(failure));
+  if (!failure.empty()) raise(argument_error(failure));
   for (int r = 0; r < P; ++r)
     if (pack[static_cast<std::size_t>(n + r)] != T(0))
-      raise(error(fn + ": rank " + std::to_string(r) + " failed (its error says why)"));
+      raise(argument_error(fn + ": rank " + std::to_string(r) + " failed (its error says why)"));
   guarded<Backend>(failure, fn, [&] {
     ops::stage_rows(be, static_cast<const T*>(pack.data()), cols, rows, ld, count, cols);
     ops::fence(be);  // before `pack` is written again
@@ -91,8 +91,8 @@ void allreduce_rows(MPI_Comm comm, const Backend& be, T* rows, index_t ld, index
   const index_t n = count * cols;
   if (n > std::numeric_limits<int>::max())
     raise(
-        error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 1 "
-              "elements (one MPI message's count)"));
+        argument_error("alibi::mpi: a tensor-parallel all-reduce of more than 2^31 - 1 "
+                       "elements (one MPI message's count)"));
   if constexpr (staged<Backend>) {
     allreduce_staged_rows(comm, be, rows, ld, count, cols, pack);
     return;
@@ -237,16 +237,16 @@ class tensor_parallel_base {
         f();
         ops_of<Backend>::fence(backend_);  // the work queued after the last all-reduce too
       });
-      if (!failure.empty() && reduce_raised_) raise(error(failure));
+      if (!failure.empty() && reduce_raised_) raise(argument_error(failure));
       // The others wait in the next all-reduce. Unless it has too many elements: then every
       // rank refuses it before any collective, and raises; or none: then it makes no
       // collective, and they reach all_succeeded.
       if (!failure.empty() && reductions_ < reductions) {
         const index_t n = x.extents[0] * x.extents[1] * embed_dim(shard_->config());
-        if (!flagged_allreduce_fits(n, slice_.ranks)) raise(error(failure));
+        if (!flagged_allreduce_fits(n, slice_.ranks)) raise(argument_error(failure));
         if (n > 0) {
           join_failed_allreduce<T>(comm_, n, pack_);
-          raise(error(failure));
+          raise(argument_error(failure));
         }
       }
       all_succeeded(comm_, fn, failure);

@@ -384,13 +384,14 @@ void key_norm_bounds(const backend::cuda& be, const tensor_view<const T, 4>& k,
   const index_t B = k.extents[0], H = k.extents[1], L = k.extents[2], D = k.extents[3];
   const index_t blocks = (L + key_norm_block - 1) / key_norm_block;
   if (!cuda_detail::kernel_head_dims::contains(D))
-    detail::raise(error(f + ": head_dim (k.extent(3)) must be " +
-                        cuda_detail::kernel_head_dims::names() + ", got " + detail::str(D)));
+    detail::raise(argument_error(f + ": head_dim (k.extent(3)) must be " +
+                                 cuda_detail::kernel_head_dims::names() + ", got " +
+                                 detail::str(D)));
   if (B == 0 || H == 0 || L == 0 || first_key / key_norm_block >= blocks) return;
   if (k.data == nullptr || bounds.data == nullptr)
-    detail::raise(error(f + ": k.data and bounds.data must not be null"));
+    detail::raise(argument_error(f + ": k.data and bounds.data must not be null"));
   if (cuda_detail::host_only_pointer(k.data) || cuda_detail::host_only_pointer(bounds.data))
-    detail::raise(error(f + ": k.data and bounds.data must be device memory"));
+    detail::raise(argument_error(f + ": k.data and bounds.data must be device memory"));
   cuda_detail::key_norm_args<T> na;
   na.p.batch = B;
   na.p.kv_heads = H;

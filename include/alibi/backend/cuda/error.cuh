@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // alibi::cuda_error: a CUDA runtime failure (launch error, out of memory, ...) reported by
-// the CUDA backend. Invalid arguments are alibi::error, as on every backend.
+// the CUDA backend, a std::runtime_error and an alibi::error. Invalid arguments are
+// alibi::argument_error, as on every backend.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,10 +10,11 @@
 #include <string>
 
 #include "alibi/core/config.hpp"
+#include "alibi/core/error.hpp"
 
 namespace alibi {
 
-class cuda_error : public std::runtime_error {
+class cuda_error : public std::runtime_error, public error {
  public:
   cuda_error(cudaError_t code, const std::string& what)
       : std::runtime_error(what + ": " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) +
@@ -23,6 +25,7 @@ class cuda_error : public std::runtime_error {
   explicit cuda_error(const std::string& what)
       : std::runtime_error(what), code_(cudaErrorUnknown) {}
   cudaError_t code() const noexcept { return code_; }
+  const char* what() const noexcept override { return std::runtime_error::what(); }
 
  private:
   cudaError_t code_;

@@ -260,8 +260,8 @@ struct layer_ops<backend::cuda> {
     if (rows == 0 || out == 0) return;
     if (rows > INT32_MAX || in > INT32_MAX || out > INT32_MAX || ldx > INT32_MAX || ldy > INT32_MAX)
       detail::raise(
-          error("alibi (cuda): a projection's rows, features or row stride exceed the "
-                "32-bit sizes cuBLAS takes"));
+          argument_error("alibi (cuda): a projection's rows, features or row stride exceed the "
+                         "32-bit sizes cuBLAS takes"));
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     constexpr cudaDataType_t type = cuda_detail::cuda_type<T>();
     cuda_detail::check_cublas(
@@ -287,7 +287,8 @@ struct layer_ops<backend::cuda> {
   static void layer_norm(const backend::cuda& be, const T* x, index_t ldx, T* y, index_t ldy,
                          index_t rows, index_t n, const T* gamma, const T* beta, float eps) {
     if (rows == 0 || n == 0) return;
-    if (rows > INT32_MAX) detail::raise(error("alibi (cuda): layer_norm rows exceed 2^31 - 1"));
+    if (rows > INT32_MAX)
+      detail::raise(argument_error("alibi (cuda): layer_norm rows exceed 2^31 - 1"));
     cuda_detail::layer_norm_kernel<T>
         <<<static_cast<unsigned>(rows), 256, 0, be.stream>>>(x, ldx, y, ldy, n, gamma, beta, eps);
     cuda_detail::check(cudaGetLastError(), "layer_norm kernel launch");
@@ -297,7 +298,8 @@ struct layer_ops<backend::cuda> {
   static void rms_norm(const backend::cuda& be, const T* x, index_t ldx, T* y, index_t ldy,
                        index_t rows, index_t n, const T* gamma, float eps) {
     if (rows == 0 || n == 0) return;
-    if (rows > INT32_MAX) detail::raise(error("alibi (cuda): rms_norm rows exceed 2^31 - 1"));
+    if (rows > INT32_MAX)
+      detail::raise(argument_error("alibi (cuda): rms_norm rows exceed 2^31 - 1"));
     cuda_detail::rms_norm_kernel<T>
         <<<static_cast<unsigned>(rows), 256, 0, be.stream>>>(x, ldx, y, ldy, n, gamma, eps);
     cuda_detail::check(cudaGetLastError(), "rms_norm kernel launch");

@@ -33,7 +33,8 @@ void key_norm_bounds(const tensor_view<const T, 4>& k, const tensor_view<float, 
   const index_t blocks = (L + key_norm_block - 1) / key_norm_block;
   if (B == 0 || H == 0 || L == 0) return;
   if (k.data == nullptr || bounds.data == nullptr)
-    detail::raise(error("alibi::key_norm_bounds: k.data and bounds.data must not be null"));
+    detail::raise(
+        argument_error("alibi::key_norm_bounds: k.data and bounds.data must not be null"));
   const detail::cpu::kv_source<T> src{k, k};
   auto block = [&](index_t b, index_t h, index_t t) {
     bounds(b, h, t) =
