@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <alibi/alibi.hpp>
+#include <alibi/models/checkpoint.hpp>
 
 int main() {
   using alibi::index_t;

@@ -20,6 +20,7 @@
 
 #include <Eigen/Core>
 #include <alibi/alibi.hpp>
+#include <alibi/models/checkpoint.hpp>
 
 namespace lm {
 

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 // The CPU entry point: slopes, bias matrices, the attention front end and its backward pass,
 // the reference and Eigen backends, the layers (attention module, Transformer layer, KV
-// cache) and, where nlohmann/json is installed, safetensors loading (the optional
-// alibi::safetensors component: link it, or include <alibi/io/safetensors.hpp> and
-// <alibi/models/checkpoint.hpp> yourself). CUDA users include <alibi/cuda.cuh> in addition.
+// cache) and the model-family presets. Not the safetensors loading, which needs nlohmann/json
+// (the optional alibi::safetensors component): include <alibi/io/safetensors.hpp>,
+// <alibi/models/checkpoint.hpp> or <alibi/models/causal_lm.hpp> for it, so that a file
+// that does not read checkpoints never parses the JSON library. CUDA users include
+// <alibi/cuda.cuh> in addition.
 #pragma once
 
 #include "alibi/attention.hpp"
@@ -24,11 +26,3 @@
 #include "alibi/interop/eigen.hpp"
 #include "alibi/layers.hpp"
 #include "alibi/merge.hpp"
-
-// The optional safetensors component needs nlohmann/json: alibi::alibi does not, so it is
-// included here only where the header is on the include path (alibi::safetensors puts it
-// there; the declarations are the same in every translation unit that has them).
-#if __has_include(<nlohmann/json.hpp>)
-#include "alibi/io/safetensors.hpp"
-#include "alibi/models/checkpoint.hpp"
-#endif

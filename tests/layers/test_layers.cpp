@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <alibi/alibi.hpp>
+#include <alibi/models/checkpoint.hpp>
 
 #include "call_fixture.hpp"
 #include "layer_reference.hpp"
