@@ -52,7 +52,7 @@ measure() {  # name, then the compiler arguments
 
 echo "compiler: $("$cxx" --version | head -n 1); flags: ${flags[*]}; alibi::kernels ISA: $isa"
 measure "#include <alibi/alibi.hpp> only" "$tmp/include_only.cpp"
-pre=(-DALIBI_PRECOMPILED_KERNELS -DALIBI_PRECOMPILED_ISA="$isa")
+pre=(-DALIBI_PRECOMPILED_KERNELS)
 measure "one attention call, header-only" "$tmp/one_call.cpp"
 measure "one attention call, alibi::kernels" "${pre[@]}" "$tmp/one_call.cpp"
 measure "examples/quickstart.cpp, header-only" examples/quickstart.cpp

@@ -1,14 +1,19 @@
 // SPDX-License-Identifier: MIT
-// alibi::kernels: the eigen backend's kernels compiled once, for every element type the
-// backend takes. Translation units linked with the target (ALIBI_PRECOMPILED_KERNELS) see
-// only the declarations (backend/eigen/attention.hpp) and call these.
+// alibi::kernels: the eigen backend's kernels compiled once for every element type the
+// backend takes. CMake compiles this file once per instruction-set variant
+// (ALIBI_KERNELS_VARIANTS), each with its own -march, so each lands in its own ALIBI_CPU_ISA
+// namespace; its table (kernel_table_<ALIBI_CPU_ISA>) is what the dispatcher calls.
 #include <Eigen/Core>
 
 #include "alibi/backend/eigen/attention_backward_kernel.hpp"
 #include "alibi/backend/eigen/attention_kernel.hpp"
+#include "kernel_variant.hpp"
 
 #if defined(ALIBI_PRECOMPILED_KERNELS)
 #error "src/eigen_kernels.cpp defines the kernels: compile it without ALIBI_PRECOMPILED_KERNELS"
+#endif
+#if defined(_OPENMP)
+#error "alibi::kernels' variants are compiled without OpenMP: the dispatcher names them so"
 #endif
 
 namespace alibi {
@@ -20,7 +25,28 @@ inline namespace ALIBI_CPU_ISA {
 #include "alibi/backend/eigen/instances.inc"
 #undef ALIBI_EIGEN_INSTANCE
 
+namespace {
+
+// The backward's tensors carry the caller's instruction set in their type (Isa): the entry
+// point's tag is replaced by this file's.
+void backward_f32(
+    int threads, const attention_problem& p,
+    const attention_backward_tensors<float, float, float, float, kernels_entry_tag>& t) {
+  const attention_backward_tensors<float, float, float, float> u{
+      t.q, t.k, t.v, t.out, t.dout, t.lse, t.dq, t.dk, t.dv, t.dslopes};
+  backward_kernel<float>(threads, p, u);
+}
+
+}  // namespace
+
 }  // namespace ALIBI_CPU_ISA
+
+extern const kernel_variant_table ALIBI_CAT(kernel_table_, ALIBI_CPU_ISA);
+const kernel_variant_table ALIBI_CAT(kernel_table_, ALIBI_CPU_ISA) = {
+    &attention_kernel<float>, &attention_kernel<Eigen::half>, &attention_kernel<Eigen::bfloat16>,
+    &merge_kernel<float>,     &merge_kernel<double>,          &backward_f32,
+};
+
 }  // namespace cpu
 }  // namespace detail
 }  // namespace alibi

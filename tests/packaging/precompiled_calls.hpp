@@ -2,7 +2,8 @@
 // The alibi::kernels test: precompiled_user.cpp (linked with alibi::kernels, so
 // ALIBI_PRECOMPILED_KERNELS) and precompiled_header_only.cpp (the header-only kernels, in the
 // same program) run the same calls through precompiled_calls.inc; the results must be
-// bitwise equal, and match the reference.
+// bitwise equal when the dispatcher's variant has the header-only file's instruction set
+// (ALIBI_CPU_ISA), within 1e-5 otherwise, and match the reference.
 #pragma once
 
 #include <cstdint>
@@ -25,5 +26,9 @@ struct outputs {
 
 outputs run_precompiled(const shape& s);
 outputs run_header_only(const shape& s);
+
+/// The ALIBI_CPU_ISA of the variant the dispatcher runs, and of the header-only file.
+const char* precompiled_isa();
+const char* header_only_isa();
 
 }  // namespace precompiled_calls

@@ -18,6 +18,10 @@ int main() {
   const double expect = (1 * w + 3) / (w + 1);
   std::printf("alibi %s consumer: out = %.7f (expected %.7f)\n", ALIBI_VERSION_STRING, out[0],
               expect);
+#if defined(ALIBI_PRECOMPILED_KERNELS)
+  std::printf("alibi::kernels variant that ran: %s (%s)\n", alibi::cpu_kernels_selected().name,
+              alibi::cpu_kernels_selected().isa);
+#endif
 #ifdef ALIBI_CONSUMER_EXPECT_VERSION
   // The version the package was found with (CMake's alibi_VERSION).
   if (std::strcmp(ALIBI_VERSION_STRING, ALIBI_CONSUMER_EXPECT_VERSION) != 0) {

@@ -2,8 +2,9 @@
 // alibi::backend::eigen: the fused CPU attention (attention_impl<backend::eigen>). The kernel
 // lives in attention_kernel.hpp. Header-only by default: this header includes it, and every
 // translation unit compiles it. A target linked with alibi::kernels (ALIBI_PRECOMPILED_KERNELS
-// defined) calls the copy compiled once in that library instead, for every element type the
-// backend takes, and includes neither the kernel nor Eigen (precompiled.hpp).
+// defined) calls the copies compiled once in that library instead, for every element type the
+// backend takes and several instruction sets, one chosen at run time; it includes neither the
+// kernel nor Eigen (precompiled.hpp).
 #pragma once
 
 #include <type_traits>
@@ -23,7 +24,18 @@ inline constexpr bool is_cpu_kv_type =
     std::is_same<T, float>::value || std::is_same<T, Eigen::half>::value ||
     std::is_same<T, Eigen::bfloat16>::value;
 
-inline namespace ALIBI_CPU_ISA {
+// The kernels' namespace. Header-only it is this translation unit's instruction set
+// (ALIBI_CPU_ISA). With alibi::kernels the three templates below are forwarders to the
+// library's dispatcher (precompiled.hpp), in a namespace of their own: still named after the
+// caller's flags, but never the name of a kernel compiled in the library or in a header-only
+// file, so that the linker cannot take one for the other.
+#if defined(ALIBI_PRECOMPILED_KERNELS)
+#define ALIBI_EIGEN_KERNELS_NS ALIBI_CAT(ALIBI_CPU_ISA, _to_kernels)
+#else
+#define ALIBI_EIGEN_KERNELS_NS ALIBI_CPU_ISA
+#endif
+
+inline namespace ALIBI_EIGEN_KERNELS_NS {
 
 /// The fused forward of one checked call (attention_kernel.hpp; compiled in alibi::kernels
 /// for TKV = float, Eigen::half and Eigen::bfloat16). k_blocks: K in blocks
@@ -45,7 +57,7 @@ void backward_kernel(int threads, const attention_problem& p,
 template <class T>
 void merge_kernel(int threads, const partial_merge_args<T>& a);
 
-}  // namespace ALIBI_CPU_ISA
+}  // namespace ALIBI_EIGEN_KERNELS_NS
 }  // namespace cpu
 
 template <>
@@ -83,18 +95,6 @@ struct attention_impl<backend::eigen> {
 
 #if defined(ALIBI_PRECOMPILED_KERNELS)
 #include "alibi/backend/eigen/precompiled.hpp"
-namespace alibi {
-namespace detail {
-namespace cpu {
-inline namespace ALIBI_CPU_ISA {
-// Compiled in alibi::kernels (src/eigen_kernels.cpp), never here.
-#define ALIBI_EIGEN_INSTANCE(...) extern template __VA_ARGS__;
-#include "alibi/backend/eigen/instances.inc"
-#undef ALIBI_EIGEN_INSTANCE
-}  // namespace ALIBI_CPU_ISA
-}  // namespace cpu
-}  // namespace detail
-}  // namespace alibi
 #else
 #include "alibi/backend/eigen/attention_kernel.hpp"
 #endif
