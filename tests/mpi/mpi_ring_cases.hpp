@@ -325,7 +325,7 @@ inline void error_cases(runner& r) {
     // Extents without data: refused, never read (the mask, and lse).
     kp.key_mask = alibi::make_view<const bool>(nullptr, B, n);
     expect_error("key mask without data", "params.key_mask.data is null", [&] { ring(n, 32, kp); });
-    expect_error("lse without data", "lse.data is null", [&] {
+    expect_error("lse without data", "params.logsumexp.data is null", [&] {
       const auto in = alibi::make_view<const float>(x.data(), B, H, n, 32);
       r.ring(in, in, in, alibi::make_view(o.data(), B, H, n, 32), {}, {},
              alibi::make_view<float>(nullptr, B, H, n));
