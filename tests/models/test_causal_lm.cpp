@@ -71,6 +71,22 @@ int argmax(const std::vector<R>& v) {
   return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
+/// Random parameters (seeds from `seed` on) set on every module of `lm`, the head tied.
+model_weights set_random(alibi::causal_lm<float, cpu>& lm, unsigned seed) {
+  model_weights w;
+  for (index_t i = 0; i < lm.num_layers(); ++i) {
+    w.layers.push_back(alibi_test::random_weights(lm.layer(i), seed + unsigned(i)));
+    alibi_test::set_all(lm.layer(i), w.layers.back());
+  }
+  w.embedding_norm = alibi_test::random_weights(lm.embedding_norm(), seed + 50);
+  w.final_norm = alibi_test::random_weights(lm.final_norm(), seed + 51);
+  alibi_test::set_all(lm.embedding_norm(), w.embedding_norm);
+  alibi_test::set_all(lm.final_norm(), w.final_norm);
+  w.embedding = alibi_test::randn(lm.vocab() * lm.embed_dim(), seed + 52);
+  lm.set_embedding(w.embedding.data());
+  return w;
+}
+
 /// The presets at test size: 32 features, 4 heads, 2 layers (MPT with 2 KV heads).
 std::vector<alibi::model_family> presets() {
   return {alibi::families::bloom(32, 4, 2), alibi::families::mpt(32, 4, 2, 4, 2),
@@ -84,17 +100,7 @@ TEST_CASE("causal_lm: every family preset against a double-precision model", "[c
     INFO("family " << family.name);
     const index_t vocab = 37, E = 32;
     alibi::causal_lm<float, cpu> lm(family, vocab, cpu{2});
-    model_weights w;
-    for (index_t i = 0; i < family.num_layers; ++i) {
-      w.layers.push_back(alibi_test::random_weights(lm.layer(i), 100 + unsigned(i)));
-      alibi_test::set_all(lm.layer(i), w.layers.back());
-    }
-    w.embedding_norm = alibi_test::random_weights(lm.embedding_norm(), 7);
-    w.final_norm = alibi_test::random_weights(lm.final_norm(), 8);
-    alibi_test::set_all(lm.embedding_norm(), w.embedding_norm);
-    alibi_test::set_all(lm.final_norm(), w.final_norm);
-    w.embedding = alibi_test::randn(vocab * E, 9);
-    lm.set_embedding(w.embedding.data());
+    model_weights w = set_random(lm, 100);
     if (family.name == "baichuan") {  // an output head of its own; the others are tied
       w.head = alibi_test::randn(vocab * E, 10);
       for (float& x : w.head) x *= 0.2f;
@@ -146,19 +152,9 @@ TEST_CASE("causal_lm: greedy decoding picks the reference model's tokens", "[cau
   // the first would differ.)
   for (const alibi::model_family& family : presets()) {
     INFO("family " << family.name);
-    const index_t vocab = 41, E = 32;
+    const index_t vocab = 41;
     alibi::causal_lm<float, cpu> lm(family, vocab);
-    model_weights w;
-    for (index_t i = 0; i < family.num_layers; ++i) {
-      w.layers.push_back(alibi_test::random_weights(lm.layer(i), 200 + unsigned(i)));
-      alibi_test::set_all(lm.layer(i), w.layers.back());
-    }
-    w.embedding_norm = alibi_test::random_weights(lm.embedding_norm(), 17);
-    w.final_norm = alibi_test::random_weights(lm.final_norm(), 18);
-    alibi_test::set_all(lm.embedding_norm(), w.embedding_norm);
-    alibi_test::set_all(lm.final_norm(), w.final_norm);
-    w.embedding = alibi_test::randn(vocab * E, 19);
-    lm.set_embedding(w.embedding.data());
+    const model_weights w = set_random(lm, 200);
 
     std::vector<int> seq = {5, 17, 2, 30};
     std::vector<std::int32_t> prompt(seq.begin(), seq.end());
