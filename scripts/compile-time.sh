@@ -6,7 +6,9 @@
 #   3. the same file against alibi::kernels (ALIBI_PRECOMPILED_KERNELS): declarations only;
 #   4. examples/quickstart.cpp (the README's example: <alibi/alibi.hpp>, one call checked
 #      against the reference) both ways;
-#   5. src/eigen_kernels.cpp, what alibi::kernels compiles once.
+#   5. examples/hf_checkpoint.cpp (a causal_lm from a checkpoint folder: the layers, the
+#      safetensors reader and nlohmann/json) both ways;
+#   6. src/eigen_kernels.cpp, what alibi::kernels compiles once per variant.
 # Usage: scripts/compile-time.sh [runs]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,4 +59,6 @@ measure "one attention call, header-only" "$tmp/one_call.cpp"
 measure "one attention call, alibi::kernels" "${pre[@]}" "$tmp/one_call.cpp"
 measure "examples/quickstart.cpp, header-only" examples/quickstart.cpp
 measure "examples/quickstart.cpp, alibi::kernels" "${pre[@]}" examples/quickstart.cpp
-measure "src/eigen_kernels.cpp (alibi::kernels, once)" src/eigen_kernels.cpp
+measure "examples/hf_checkpoint.cpp (causal_lm), header-only" examples/hf_checkpoint.cpp
+measure "examples/hf_checkpoint.cpp (causal_lm), alibi::kernels" "${pre[@]}" examples/hf_checkpoint.cpp
+measure "src/eigen_kernels.cpp (alibi::kernels, once per variant)" src/eigen_kernels.cpp
