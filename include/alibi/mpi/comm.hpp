@@ -68,30 +68,33 @@ class call_failure {
   std::string message_;
 };
 
-/// Whether every rank's stretch of work succeeded: one MPI_Allreduce of a word per rank (the
-/// lowest failed rank, or the number of ranks), then every rank raises, its own error or
-/// "rank r failed", or none does. So a failure on one rank never leaves the others waiting
-/// in the next collective. Allocates nothing before the collective: a rank short of memory
-/// still reaches it.
-inline void all_succeeded(MPI_Comm comm, const char* fn, const call_failure& failure) {
-  const int P = comm_size(comm), rank = comm_rank(comm);
-  int mine = failure.failed() ? rank : P, lowest = P;
+/// The lowest rank whose stretch of work failed (`failed`: this rank's), or the number of
+/// ranks if none did: one MPI_Allreduce of a word, allocating nothing before it, so a rank
+/// short of memory still reaches it.
+inline int lowest_failed_rank(MPI_Comm comm, bool failed) {
+  const int P = comm_size(comm);
+  int mine = failed ? comm_rank(comm) : P, lowest = P;
   check_mpi(MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm),
             "MPI_Allreduce (failure check)");
+  return lowest;
+}
+
+/// Whether every rank's stretch of work succeeded (lowest_failed_rank): then every rank
+/// raises, its own error or "rank r failed", or none does. So a failure on one rank never
+/// leaves the others waiting in the next collective.
+inline void all_succeeded(MPI_Comm comm, const char* fn, const call_failure& failure) {
+  const int lowest = lowest_failed_rank(comm, failure.failed());
   if (failure.failed()) raise(distributed_error(failure.message(fn)));
-  if (lowest < P)
+  if (lowest < comm_size(comm))
     raise(distributed_error(std::string(fn) + ": rank " + std::to_string(lowest) +
                             " failed (its error says why)"));
 }
 
 /// all_succeeded for a failure kept as a message (empty: none).
 inline void all_succeeded(MPI_Comm comm, const std::string& fn, const std::string& failure) {
-  const int P = comm_size(comm), rank = comm_rank(comm);
-  int mine = failure.empty() ? P : rank, lowest = P;
-  check_mpi(MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm),
-            "MPI_Allreduce (failure check)");
+  const int lowest = lowest_failed_rank(comm, !failure.empty());
   if (!failure.empty()) raise(distributed_error(failure));
-  if (lowest < P)
+  if (lowest < comm_size(comm))
     raise(distributed_error(fn + ": rank " + std::to_string(lowest) +
                             " failed (its error says why)"));
 }
