@@ -3,6 +3,10 @@
 // backend takes. CMake compiles this file once per instruction-set variant
 // (ALIBI_KERNELS_VARIANTS), each with its own -march, so each lands in its own ALIBI_CPU_ISA
 // namespace; its table (kernel_table_<ALIBI_CPU_ISA>) is what the dispatcher calls.
+// Declares, rather than defines, what the variants share through the dispatcher (the thread
+// pool): every other symbol of this file is made local to the variant's object.
+#define ALIBI_KERNELS_VARIANT 1
+
 #include <Eigen/Core>
 
 #include "alibi/backend/eigen/attention_backward_kernel.hpp"

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "alibi/backend/eigen/attention.hpp"
+#include "alibi/backend/host/parallel.hpp"
 #include "kernel_variant.hpp"
 
 #if !defined(ALIBI_PRECOMPILED_KERNELS)
@@ -127,6 +128,15 @@ const variant& selected() {
 }
 
 const kernel_variant_table& table() { return *selected().table; }
+
+}  // namespace
+
+// The variants call the pool's getter without defining it (ALIBI_KERNELS_VARIANT): its one
+// definition in the library is this file's, as a program's other calls to it would see.
+extern worker_pool& (*const kernels_pool)();
+worker_pool& (*const kernels_pool)() = &worker_pool::get;
+
+namespace {
 
 }  // namespace
 

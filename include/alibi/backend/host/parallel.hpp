@@ -56,11 +56,17 @@ class worker_pool {
   };
 
   /// The process's pool, started on first use and joined at exit. (Other instances serve
-  /// tests; parallel_for takes one.)
+  /// tests; parallel_for takes one.) alibi::kernels' instruction-set variants keep their own
+  /// copies of every inline function (CMakeLists.txt), but not of this one: they call the
+  /// dispatcher's, so that a program has one pool whichever code calls it.
+#if defined(ALIBI_KERNELS_VARIANT)
+  static worker_pool& get();
+#else
   static worker_pool& get() {
     static worker_pool pool;
     return pool;
   }
+#endif
   worker_pool() = default;
 
   /// Starts workers until there are `workers` (or as many as the system allows: a thread
