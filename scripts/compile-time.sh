@@ -7,7 +7,8 @@
 #   4. examples/quickstart.cpp (the README's example: <alibi/alibi.hpp>, one call checked
 #      against the reference) both ways;
 #   5. examples/hf_checkpoint.cpp (a causal_lm from a checkpoint folder: the layers, the
-#      safetensors reader and nlohmann/json) both ways;
+#      safetensors reader and nlohmann/json) both ways; with alibi::kernels the model, the
+#      layers and their float operations are the library's instances;
 #   6. src/eigen_kernels.cpp, what alibi::kernels compiles once per variant.
 # Usage: scripts/compile-time.sh [runs]
 set -euo pipefail
@@ -54,7 +55,9 @@ measure() {  # name, then the compiler arguments
 
 echo "compiler: $("$cxx" --version | head -n 1); flags: ${flags[*]}; alibi::kernels ISA: $isa"
 measure "#include <alibi/alibi.hpp> only" "$tmp/include_only.cpp"
-pre=(-DALIBI_PRECOMPILED_KERNELS)
+# What linking alibi::kernels defines (ALIBI_PRECOMPILED_MODELS: built with the safetensors
+# reader, as alibi's own build is).
+pre=(-DALIBI_PRECOMPILED_KERNELS -DALIBI_PRECOMPILED_MODELS)
 measure "one attention call, header-only" "$tmp/one_call.cpp"
 measure "one attention call, alibi::kernels" "${pre[@]}" "$tmp/one_call.cpp"
 measure "examples/quickstart.cpp, header-only" examples/quickstart.cpp

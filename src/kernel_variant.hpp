@@ -7,6 +7,7 @@
 
 #include "alibi/attention.hpp"
 #include "alibi/attention_backward.hpp"
+#include "alibi/backend/eigen/layer_entries.hpp"
 #include "alibi/core/half_types.hpp"
 #include "alibi/merge.hpp"
 
@@ -33,6 +34,15 @@ struct kernel_variant_table {
   merge_entry<float> merge_f32;
   merge_entry<double> merge_f64;
   backward_entry backward_f32;
+  // The layers' float operations (layer_entries.hpp).
+  decltype(&kernels_entry::linear) linear;
+  decltype(&kernels_entry::layer_norm) layer_norm;
+  decltype(&kernels_entry::rms_norm) rms_norm;
+  decltype(&kernels_entry::linear_backward_input) linear_backward_input;
+  decltype(&kernels_entry::linear_backward_params) linear_backward_params;
+  decltype(&kernels_entry::activation_forward) activation_forward;
+  decltype(&kernels_entry::activation_backward) activation_backward;
+  decltype(&kernels_entry::layer_norm_backward) layer_norm_backward;
 };
 
 }  // namespace cpu

@@ -136,9 +136,7 @@ const kernel_variant_table& table() { return *selected().table; }
 extern worker_pool& (*const kernels_pool)();
 worker_pool& (*const kernels_pool)() = &worker_pool::get;
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 namespace kernels_entry {
 
@@ -164,6 +162,45 @@ void merge(int threads, const partial_merge_args<double>& a) { table().merge_f64
 void backward(int threads, const attention_problem& p,
               const attention_backward_tensors<float, float, float, float, kernels_entry_tag>& t) {
   table().backward_f32(threads, p, t);
+}
+
+void linear(const backend::eigen& be, const float* x, index_t ldx, index_t rows, index_t in,
+            const float* w, const float* bias, index_t out, float* y, index_t ldy, bool accumulate,
+            const activation* act) {
+  table().linear(be, x, ldx, rows, in, w, bias, out, y, ldy, accumulate, act);
+}
+void layer_norm(const backend::eigen& be, const float* x, index_t ldx, float* y, index_t ldy,
+                index_t rows, index_t n, const float* gamma, const float* beta, float eps) {
+  table().layer_norm(be, x, ldx, y, ldy, rows, n, gamma, beta, eps);
+}
+void rms_norm(const backend::eigen& be, const float* x, index_t ldx, float* y, index_t ldy,
+              index_t rows, index_t n, const float* gamma, float eps) {
+  table().rms_norm(be, x, ldx, y, ldy, rows, n, gamma, eps);
+}
+void linear_backward_input(const backend::eigen& be, const float* dy, index_t lddy, index_t rows,
+                           index_t out, const float* w, index_t in, float* dx, index_t lddx,
+                           bool accumulate) {
+  table().linear_backward_input(be, dy, lddy, rows, out, w, in, dx, lddx, accumulate);
+}
+void linear_backward_params(const backend::eigen& be, const float* dy, index_t lddy, index_t rows,
+                            index_t out, const float* x, index_t ldx, index_t in, float* dw,
+                            float* db) {
+  table().linear_backward_params(be, dy, lddy, rows, out, x, ldx, in, dw, db);
+}
+void activation_forward(const backend::eigen& be, const float* x, index_t ldx, float* y,
+                        index_t ldy, index_t rows, index_t cols, activation act) {
+  table().activation_forward(be, x, ldx, y, ldy, rows, cols, act);
+}
+void activation_backward(const backend::eigen& be, const float* x, index_t ldx, float* dh,
+                         index_t ldh, index_t rows, index_t cols, activation act) {
+  table().activation_backward(be, x, ldx, dh, ldh, rows, cols, act);
+}
+void layer_norm_backward(const backend::eigen& be, norm_type kind, const float* x, index_t ldx,
+                         const float* dy, index_t lddy, index_t rows, index_t n, const float* gamma,
+                         float eps, float* dx, index_t lddx, bool accumulate, float* dgamma,
+                         float* dbeta) {
+  table().layer_norm_backward(be, kind, x, ldx, dy, lddy, rows, n, gamma, eps, dx, lddx, accumulate,
+                              dgamma, dbeta);
 }
 
 }  // namespace kernels_entry

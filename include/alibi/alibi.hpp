@@ -26,3 +26,4 @@
 #include "alibi/interop/eigen.hpp"
 #include "alibi/layers.hpp"
 #include "alibi/merge.hpp"
+#include "alibi/models/layer_instances.hpp"

@@ -187,84 +187,7 @@ class transformer_layer {
 
   template <class S>
   void run(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt,
-           kv_cache<T, Backend, S>* cache) {
-    const char* fn = "alibi::transformer_layer::forward";
-    const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
-    const index_t B = x.extents[0], L = x.extents[1], rows = B * L;
-    const index_t ldx = detail::row_stride(fn, "x", x, E);
-    const index_t ldo = detail::row_stride(fn, "out", out, E);
-    if (out.extents[0] != B || out.extents[1] != L)
-      detail::raise(argument_error(std::string(fn) + ": out must have the shape of x (" +
-                                   detail::str(B) + ", " + detail::str(L) + ", " + detail::str(E) +
-                                   ")"));
-    const std::vector<index_t> q_len =
-        detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, L);
-    double* t_norm = opt.timings ? &opt.timings->norms : nullptr;
-    double* t_ffn = opt.timings ? &opt.timings->ffn : nullptr;
-    auto norm = [&](const T* src, index_t lds, T* dst, index_t ldd,
-                    const detail::backend_buffer<Backend, T>& g,
-                    const detail::backend_buffer<Backend, T>& beta) {
-      detail::timed<ops>(backend_, t_norm, [&] { apply_norm(src, lds, dst, ldd, rows, g, beta); });
-    };
-    // h (rows, ff_dim) = act(y w1^T + b1), or act(y wg^T + bg) * (y w1^T + b1) when gated;
-    // out += h w2^T + b2 (a tensor-parallel shard other than the lead: out = h w2^T).
-    auto ffn = [&](const T* y, index_t ldy) {
-      detail::timed<ops>(backend_, t_ffn, [&] {
-        ops::resize(h_, rows * F);
-        if (cfg_.ffn == ffn_type::gated) {
-          ops::resize(u_, rows * F);
-          ops::linear(backend_, y, ldy, rows, E, wg_.data(), ffn_bias(bg_), F, h_.data(), F, false,
-                      &cfg_.act);
-          ops::linear(backend_, y, ldy, rows, E, w1_.data(), ffn_bias(b1_), F, u_.data(), F, false,
-                      nullptr);
-          ops::multiply(backend_, h_.data(), F, static_cast<const T*>(u_.data()), F, rows, F);
-        } else {
-          ops::linear(backend_, y, ldy, rows, E, w1_.data(), ffn_bias(b1_), F, h_.data(), F, false,
-                      &cfg_.act);
-        }
-        ops::linear(backend_, static_cast<const T*>(h_.data()), F, rows, F, w2_.data(),
-                    lead_ ? ffn_bias(b2_) : nullptr, E, out.data, ldo, lead_, nullptr);
-      });
-    };
-    auto reduce = [&] {
-      if (reduce_) reduce_(out.data, ldo, rows, E);
-    };
-    // A failure after the attention's append (the FFN, a norm) leaves the cache as it was.
-    std::optional<typename kv_cache<T, Backend, S>::transaction> step;
-    if (cache != nullptr) step.emplace(*cache);
-    // The residual stream lives in `out`; the attention's output projection adds to it (a
-    // shard other than the lead writes its partial sum there instead).
-    if (cfg_.norm == norm_position::post) {
-      if (lead_ && out.data != x.data)
-        ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
-      // x may be out: the attention reads it (projections) before writing out.
-      attn_.forward_into(x, x, x, out, opt, cache, lead_);
-      reduce();
-      norm(out.data, ldo, out.data, ldo, g1_, beta1_);
-      if (lead_) {
-        ffn(out.data, ldo);
-      } else {  // the FFN's input, out, is overwritten by its partial sum
-        ops::resize(n_, rows * E);
-        ops::copy_rows(backend_, static_cast<const T*>(out.data), ldo, n_.data(), E, rows, E);
-        ffn(n_.data(), E);
-      }
-      reduce();
-      norm(out.data, ldo, out.data, ldo, g2_, beta2_);
-    } else {
-      ops::resize(n_, rows * E);
-      const auto nv = make_view<const T>(n_.data(), B, L, E);
-      norm(x.data, ldx, n_.data(), E, g1_, beta1_);
-      if (lead_ && out.data != x.data)
-        ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
-      attn_.forward_into(nv, nv, nv, out, opt, cache, lead_);
-      reduce();
-      norm(out.data, ldo, n_.data(), E, g2_, beta2_);
-      ffn(n_.data(), E);
-      reduce();
-    }
-    detail::zero_padded_rows<ops>(backend_, out.data, ldo, L, E, q_len);
-    if (step) step->commit();
-  }
+           kv_cache<T, Backend, S>* cache);
 
   Backend backend_;
   layer_config cfg_;
@@ -280,6 +203,86 @@ class transformer_layer {
   // (rows, ff_dim).
   detail::backend_buffer<Backend, T> dout_, dres_, dside_, dh_, du_;
 };
+
+template <class T, class Backend>
+template <class S>
+void transformer_layer<T, Backend>::run(tensor_view<const T, 3> x, tensor_view<T, 3> out,
+                                        const forward_options& opt,
+                                        kv_cache<T, Backend, S>* cache) {
+  const char* fn = "alibi::transformer_layer::forward";
+  const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
+  const index_t B = x.extents[0], L = x.extents[1], rows = B * L;
+  const index_t ldx = detail::row_stride(fn, "x", x, E);
+  const index_t ldo = detail::row_stride(fn, "out", out, E);
+  if (out.extents[0] != B || out.extents[1] != L)
+    detail::raise(argument_error(std::string(fn) + ": out must have the shape of x (" +
+                                 detail::str(B) + ", " + detail::str(L) + ", " + detail::str(E) +
+                                 ")"));
+  const std::vector<index_t> q_len = detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, L);
+  double* t_norm = opt.timings ? &opt.timings->norms : nullptr;
+  double* t_ffn = opt.timings ? &opt.timings->ffn : nullptr;
+  auto norm = [&](const T* src, index_t lds, T* dst, index_t ldd,
+                  const detail::backend_buffer<Backend, T>& g,
+                  const detail::backend_buffer<Backend, T>& beta) {
+    detail::timed<ops>(backend_, t_norm, [&] { apply_norm(src, lds, dst, ldd, rows, g, beta); });
+  };
+  // h (rows, ff_dim) = act(y w1^T + b1), or act(y wg^T + bg) * (y w1^T + b1) when gated;
+  // out += h w2^T + b2 (a tensor-parallel shard other than the lead: out = h w2^T).
+  auto ffn = [&](const T* y, index_t ldy) {
+    detail::timed<ops>(backend_, t_ffn, [&] {
+      ops::resize(h_, rows * F);
+      if (cfg_.ffn == ffn_type::gated) {
+        ops::resize(u_, rows * F);
+        ops::linear(backend_, y, ldy, rows, E, wg_.data(), ffn_bias(bg_), F, h_.data(), F, false,
+                    &cfg_.act);
+        ops::linear(backend_, y, ldy, rows, E, w1_.data(), ffn_bias(b1_), F, u_.data(), F, false,
+                    nullptr);
+        ops::multiply(backend_, h_.data(), F, static_cast<const T*>(u_.data()), F, rows, F);
+      } else {
+        ops::linear(backend_, y, ldy, rows, E, w1_.data(), ffn_bias(b1_), F, h_.data(), F, false,
+                    &cfg_.act);
+      }
+      ops::linear(backend_, static_cast<const T*>(h_.data()), F, rows, F, w2_.data(),
+                  lead_ ? ffn_bias(b2_) : nullptr, E, out.data, ldo, lead_, nullptr);
+    });
+  };
+  auto reduce = [&] {
+    if (reduce_) reduce_(out.data, ldo, rows, E);
+  };
+  // A failure after the attention's append (the FFN, a norm) leaves the cache as it was.
+  std::optional<typename kv_cache<T, Backend, S>::transaction> step;
+  if (cache != nullptr) step.emplace(*cache);
+  // The residual stream lives in `out`; the attention's output projection adds to it (a
+  // shard other than the lead writes its partial sum there instead).
+  if (cfg_.norm == norm_position::post) {
+    if (lead_ && out.data != x.data) ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
+    // x may be out: the attention reads it (projections) before writing out.
+    attn_.forward_into(x, x, x, out, opt, cache, lead_);
+    reduce();
+    norm(out.data, ldo, out.data, ldo, g1_, beta1_);
+    if (lead_) {
+      ffn(out.data, ldo);
+    } else {  // the FFN's input, out, is overwritten by its partial sum
+      ops::resize(n_, rows * E);
+      ops::copy_rows(backend_, static_cast<const T*>(out.data), ldo, n_.data(), E, rows, E);
+      ffn(n_.data(), E);
+    }
+    reduce();
+    norm(out.data, ldo, out.data, ldo, g2_, beta2_);
+  } else {
+    ops::resize(n_, rows * E);
+    const auto nv = make_view<const T>(n_.data(), B, L, E);
+    norm(x.data, ldx, n_.data(), E, g1_, beta1_);
+    if (lead_ && out.data != x.data) ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
+    attn_.forward_into(nv, nv, nv, out, opt, cache, lead_);
+    reduce();
+    norm(out.data, ldo, n_.data(), E, g2_, beta2_);
+    ffn(n_.data(), E);
+    reduce();
+  }
+  detail::zero_padded_rows<ops>(backend_, out.data, ldo, L, E, q_len);
+  if (step) step->commit();
+}
 
 template <class T, class Backend>
 void transformer_layer<T, Backend>::train(tensor_view<const T, 3> x, tensor_view<T, 3> out,

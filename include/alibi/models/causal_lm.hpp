@@ -14,8 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include <Eigen/Core>
-
 #include "alibi/backend/eigen/attention.hpp"
 #include "alibi/backend/eigen/layers.hpp"
 #include "alibi/core/error.hpp"
@@ -25,6 +23,7 @@
 #include "alibi/layers/transformer_layer.hpp"
 #include "alibi/models/checkpoint.hpp"
 #include "alibi/models/families.hpp"
+#include "alibi/models/layer_instances.hpp"
 
 namespace alibi {
 
@@ -241,18 +240,25 @@ class causal_lm {
     if (!family_.embedding_norm.empty()) embedding_norm_.forward(xv, xv);
     for (std::size_t l = 0; l < layers_.size(); ++l) layers_[l].forward(xv, xv, cs[l], opt);
     final_norm_.forward(xv, xv);
-    // logits(b) = head (vocab, E) . h, h the last new token's row.
-    using row_major = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    const Eigen::Map<const row_major> head(tied_head() ? embedding_.data() : head_.data(), vocab_,
-                                           E);
-    Eigen::Matrix<T, Eigen::Dynamic, 1> out(vocab_);
-    for (index_t b = 0; b < B; ++b) {
-      const index_t m = len[static_cast<std::size_t>(b)];
-      if (m == 0) continue;
-      out.noalias() = head * Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(
-                                 x_.data() + (b * n + m - 1) * E, E);
-      for (index_t t = 0; t < vocab_; ++t) logits(b, t) = static_cast<float>(out(t));
+    // logits (rows, vocab) = h (rows, E) head^T, h the last new token of each sequence that
+    // has one: one projection on the backend's threads (the layers' linear).
+    std::vector<index_t> with_tokens;
+    for (index_t b = 0; b < B; ++b)
+      if (len[static_cast<std::size_t>(b)] > 0) with_tokens.push_back(b);
+    const index_t rows = static_cast<index_t>(with_tokens.size());
+    std::vector<T> h(static_cast<std::size_t>(rows * E));       // (rows, E)
+    std::vector<T> y(static_cast<std::size_t>(rows * vocab_));  // (rows, vocab)
+    for (index_t r = 0; r < rows; ++r) {
+      const index_t b = with_tokens[static_cast<std::size_t>(r)];
+      std::copy_n(x_.begin() + (b * n + len[static_cast<std::size_t>(b)] - 1) * E, E,
+                  h.begin() + r * E);
     }
+    detail::layer_ops<Backend>::template linear<T>(
+        backend_, h.data(), E, rows, E, tied_head() ? embedding_.data() : head_.data(), nullptr,
+        vocab_, y.data(), vocab_, false, nullptr);
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t t = 0; t < vocab_; ++t)
+        logits(with_tokens[static_cast<std::size_t>(r)], t) = static_cast<float>(y[r * vocab_ + t]);
     for (auto& a : appends) a.commit();
   }
 
@@ -268,3 +274,13 @@ class causal_lm {
 };
 
 }  // namespace alibi
+
+// With alibi::kernels built with the safetensors reader, the float models are compiled in the
+// library (causal_lm_instances.inc): a file using one compiles only its calls.
+#if defined(ALIBI_PRECOMPILED_MODELS)
+namespace alibi {
+#define ALIBI_INSTANCE(...) extern template __VA_ARGS__;
+#include "alibi/models/causal_lm_instances.inc"
+#undef ALIBI_INSTANCE
+}  // namespace alibi
+#endif

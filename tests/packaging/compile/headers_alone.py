@@ -18,7 +18,10 @@ import tempfile
 
 
 # Headers that are valid only in one build mode, with the flags of that mode.
-CONTEXT = {"alibi/backend/eigen/precompiled.hpp": ["-DALIBI_PRECOMPILED_KERNELS"]}
+CONTEXT = {
+    "alibi/backend/eigen/precompiled.hpp": ["-DALIBI_PRECOMPILED_KERNELS"],
+    "alibi/backend/eigen/precompiled_layers.hpp": ["-DALIBI_PRECOMPILED_KERNELS"],
+}
 
 
 def main():

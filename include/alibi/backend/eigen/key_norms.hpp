@@ -55,4 +55,20 @@ void key_norm_bounds(const tensor_view<const T, 4>& k, const tensor_view<float, 
   }
 }
 
+namespace detail {
+
+/// alibi::key_norm_bounds for the storage types the eigen kernel reads: how a kv_cache on the
+/// eigen backend keeps key-norm bounds beside its keys (host_layer_ops' KeyNorms).
+struct eigen_key_norms {
+  template <class S>
+  static constexpr bool keeps = cpu::is_cpu_kv_type<S>;
+  template <class S>
+  static void compute(const tensor_view<const S, 4>& k, const tensor_view<float, 3>& bounds,
+                      index_t first_key) {
+    alibi::key_norm_bounds(k, bounds, first_key);
+  }
+};
+
+}  // namespace detail
+
 }  // namespace alibi
