@@ -29,6 +29,9 @@
 // far-tile skipping on and the key norms computed by the call (BM_decode_kv's skip 1).
 // BM_decode_blocked / BM_decode_arith_blocked: the same with K in blocks of 16 keys
 // (alibi/core/key_blocks.hpp; a copy of the same keys).
+// BM_decode_after_idle: an fp16 MHA step over 4096 keys after the pool sat idle (0 or 20 ms),
+// 1 and 2 threads: whether a second thread pays off between a serving loop's short calls, and
+// the CPU the idle process uses afterwards.
 // BM_prefill_kv: causal prefill, 16 heads; GFLOP/s (4 H L^2 D / 2).
 // BM_small_products: the decode products alone on one cache-resident tile, GFLOP/s (product
 // 2: Q K^T from K in blocks).
@@ -47,9 +50,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include <benchmark/benchmark.h>
 
@@ -322,6 +328,55 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int thre
   }
   steps_against_ceiling(state, threads, 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T),
                         [&] { decode_call(be, q, views, blocked, out, p); });
+}
+
+/// CPU seconds (user + system) this process has used so far.
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// Args: threads, idle ms. A serving loop's step: an fp16 MHA decode step (32 heads, D 128,
+// 4096 keys, skipping off) after a single-threaded read that leaves none of its K/V in cache
+// (the pool's workers take no part in it) and `idle ms` with nothing to do (the rest of the
+// engine's step, a wait for requests); manual time: the step alone. Counters: ms (the median
+// step), idle_cpu_0_500ms and idle_cpu_500_1000ms (CPU seconds the process used while idle
+// over those windows after the last step: the workers' spinning, then nothing).
+void BM_decode_after_idle(benchmark::State& state) {
+  using T = Eigen::half;
+  const int threads = static_cast<int>(state.range(0));
+  const auto idle = std::chrono::milliseconds(state.range(1));
+  const index_t lk = 4096, hkv = 32, hq = 32, d = 128;
+  kv_store<T>& kv = kv_store<T>::get(hkv, lk);
+  const decode_views<T> views =
+      make_decode_views<T>(kv.k.data(), nullptr, kv.v.data(), hkv, lk, d, true);
+  const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
+  aligned_vector<float> out(q.size());
+  alibi::attention_params p;
+  p.mask.causal = true;
+  p.skip_far_tiles = false;
+  const alibi::backend::eigen be{threads};
+  decode_call(be, q, views, false, out, p);
+  std::vector<double> times;
+  for (auto _ : state) {
+    window_sample(1);
+    std::this_thread::sleep_for(idle);
+    const auto t0 = std::chrono::steady_clock::now();
+    decode_call(be, q, views, false, out, p);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(s);
+    times.push_back(s);
+  }
+  const double c0 = process_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const double c1 = process_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const double c2 = process_cpu_seconds();
+  state.counters["ms"] = 1e3 * median(times);
+  state.counters["idle_cpu_0_500ms"] = c1 - c0;
+  state.counters["idle_cpu_500_1000ms"] = c2 - c1;
 }
 
 // Args: k_len, kv heads, K/V type (0 fp32, 1 fp16, 2 bf16), skip (0 off, 1 on, 2 on with
@@ -764,6 +819,11 @@ BENCHMARK(BM_overlap_probe)
     ->Args({2, 2, 16})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_after_idle)
+    ->ArgsProduct({{1, 2}, {0, 20}})
+    ->Iterations(30)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_prefill_kv)
     ->ArgsProduct({{2048, 8192}, {64, 128}, {0, 1, 2}, {2}})
     ->Iterations(1)

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -158,10 +161,12 @@ class worker_pool {
     for (;;) {
       if (!head_ && !stop_) {
         // Why spin first: consecutive short calls (decoding) would otherwise pay a wake-up
-        // (tens of microseconds) for every helper of every call.
+        // for every helper of every call. The spin is bounded in time (spin_us), so an idle
+        // process stops using the CPU soon after its last call.
         lock.unlock();
-        for (int spin = 0; spin < spin_rounds && queued_.load(std::memory_order_acquire) == 0;
-             ++spin)
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+        while (queued_.load(std::memory_order_acquire) == 0 &&
+               std::chrono::steady_clock::now() < until)
           std::this_thread::yield();
         lock.lock();
         ++sleeping_;
@@ -177,7 +182,23 @@ class worker_pool {
     }
   }
 
-  static constexpr int spin_rounds = 2000;
+  /// Microseconds an idle worker polls for work before it sleeps: the environment variable
+  /// ALIBI_POOL_SPIN_US when set (0 to 10^7), else default_spin_us.
+  static long spin_from_environment() {
+    const char* text = std::getenv("ALIBI_POOL_SPIN_US");
+    if (text == nullptr || *text == '\0') return default_spin_us;
+    char* end = nullptr;
+    errno = 0;
+    const long us = std::strtol(text, &end, 10);
+    if (*end != '\0' || errno != 0 || us < 0 || us > 10000000)
+      detail::raise(argument_error(std::string("alibi: ALIBI_POOL_SPIN_US must be an integer of "
+                                               "microseconds in [0, 10000000], got '") +
+                                   text + "'"));
+    return us;
+  }
+  static constexpr long default_spin_us = 1000;
+
+  const long spin_us_ = spin_from_environment();
 
   std::mutex mutex_;
   std::condition_variable work_cv_;
