@@ -286,6 +286,14 @@ void steps_against_ceiling(benchmark::State& state, int threads, double bytes, S
   state.counters["of_ceiling"] = rate / ceiling;
 }
 
+/// Causal attention with far-tile skipping off: the dense kernel every key is read by.
+alibi::attention_params dense_causal() {
+  alibi::attention_params p;
+  p.mask.causal = true;
+  p.skip_far_tiles = false;
+  return p;
+}
+
 /// One decode step: q (32, 128) and out (32, 128) of one sequence, K as rows or in blocks
 /// (when `blocked`).
 template <class T>
@@ -354,9 +362,7 @@ void BM_decode_after_idle(benchmark::State& state) {
       make_decode_views<T>(kv.k.data(), nullptr, kv.v.data(), hkv, lk, d, true);
   const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
   aligned_vector<float> out(q.size());
-  alibi::attention_params p;
-  p.mask.causal = true;
-  p.skip_far_tiles = false;
+  const alibi::attention_params p = dense_causal();
   const alibi::backend::eigen be{threads};
   decode_call(be, q, views, false, out, p);
   std::vector<double> times;
@@ -426,9 +432,7 @@ void decode_arith(benchmark::State& state, index_t lk, index_t hkv, int threads,
                           v = filled_as<T>(static_cast<std::size_t>(hkv * d), 2);
   const aligned_vector<float> q = filled(static_cast<std::size_t>(hq * d), 3);
   aligned_vector<float> out(q.size());
-  alibi::attention_params p;
-  p.mask.causal = true;
-  p.skip_far_tiles = false;
+  const alibi::attention_params p = dense_causal();
   const alibi::backend::eigen be{threads};
   const aligned_vector<T> kb = filled_as<T>(static_cast<std::size_t>(hkv * d * 16), 1);
   const decode_views<T> views =
@@ -492,9 +496,7 @@ void prefill(benchmark::State& state, index_t len, index_t d, int threads) {
   const aligned_vector<float> q = filled(n, 4);
   const aligned_vector<T> k = filled_as<T>(n, 5), v = filled_as<T>(n, 6);
   aligned_vector<float> out(n);
-  alibi::attention_params p;
-  p.mask.causal = true;
-  p.skip_far_tiles = false;  // the dense kernel
+  const alibi::attention_params p = dense_causal();
   const alibi::backend::eigen be{threads};
   auto step = [&] {
     alibi::attention(be, alibi::make_view<const float>(q.data(), 1, h, len, d),

@@ -188,6 +188,19 @@ class transformer_layer {
   template <class S>
   void run(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt,
            kv_cache<T, Backend, S>* cache);
+  /// The row strides of a forward's x and out (batch, seq, embed_dim), out checked to have
+  /// x's shape.
+  std::pair<index_t, index_t> io_strides(const char* fn, const tensor_view<const T, 3>& x,
+                                         const tensor_view<T, 3>& out) const {
+    const index_t E = cfg_.attention.embed_dim;
+    const index_t ldx = detail::row_stride(fn, "x", x, E);
+    const index_t ldo = detail::row_stride(fn, "out", out, E);
+    if (out.extents[0] != x.extents[0] || out.extents[1] != x.extents[1])
+      detail::raise(argument_error(std::string(fn) + ": out must have the shape of x (" +
+                                   detail::str(x.extents[0]) + ", " + detail::str(x.extents[1]) +
+                                   ", " + detail::str(E) + ")"));
+    return {ldx, ldo};
+  }
 
   Backend backend_;
   layer_config cfg_;
@@ -212,12 +225,8 @@ void transformer_layer<T, Backend>::run(tensor_view<const T, 3> x, tensor_view<T
   const char* fn = "alibi::transformer_layer::forward";
   const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
   const index_t B = x.extents[0], L = x.extents[1], rows = B * L;
-  const index_t ldx = detail::row_stride(fn, "x", x, E);
-  const index_t ldo = detail::row_stride(fn, "out", out, E);
-  if (out.extents[0] != B || out.extents[1] != L)
-    detail::raise(argument_error(std::string(fn) + ": out must have the shape of x (" +
-                                 detail::str(B) + ", " + detail::str(L) + ", " + detail::str(E) +
-                                 ")"));
+  const std::pair<index_t, index_t> lds = io_strides(fn, x, out);
+  const index_t ldx = lds.first, ldo = lds.second;  // lambdas below capture them
   const std::vector<index_t> q_len = detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, L);
   double* t_norm = opt.timings ? &opt.timings->norms : nullptr;
   double* t_ffn = opt.timings ? &opt.timings->ffn : nullptr;
@@ -291,13 +300,9 @@ void transformer_layer<T, Backend>::train(tensor_view<const T, 3> x, tensor_view
   const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
   const index_t B = x.extents[0], L = x.extents[1], rows = B * L;
   if (B < 0 || L < 0) detail::raise(argument_error(std::string(fn) + ": extents must be >= 0"));
-  const index_t ldx = detail::row_stride(fn, "x", x, E);
-  const index_t ldo = detail::row_stride(fn, "out", out, E);
-  if (out.extents[0] != B || out.extents[1] != L)
-    detail::raise(argument_error(std::string(fn) + ": out must have the shape of x (" +
-                                 detail::str(B) + ", " + detail::str(L) + ", " + detail::str(E) +
-                                 ")"));
-  saved.owner_ = nullptr;  // not usable until the forward has succeeded
+  const std::pair<index_t, index_t> lds = io_strides(fn, x, out);
+  const index_t ldx = lds.first, ldo = lds.second;  // lambdas below capture them
+  saved.owner_ = nullptr;                           // not usable until the forward has succeeded
   saved.batch_ = B;
   saved.len_ = L;
   saved.q_lengths_ = detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, L);
