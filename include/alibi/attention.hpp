@@ -195,6 +195,89 @@ status check_optional(const char* fn, const char* name, const tensor_view<T, R>&
   return check_view(fn, name, v);
 }
 
+/// The checks of a call's parameters that do not depend on its tensors' layout (shared by
+/// attention() and ragged_attention()): scale, windows and slopes, for `B` batch entries
+/// (sequences) of `Hq` query heads and head dim `D`. Sets `scale_out` to the call's scale.
+inline status check_call_params(const std::string& f, const attention_params& p, index_t B,
+                                index_t Hq, index_t D, bool host_values, float& scale_out) {
+  const float scale = p.scale ? *p.scale : (D > 0 ? 1.0f / std::sqrt(static_cast<float>(D)) : 1.0f);
+  if (!std::isfinite(scale))
+    return status::failure(f + ": params.scale must be finite, got " + std::to_string(scale));
+  constexpr index_t pos_limit = index_t(1) << 60;
+  if (p.mask.window_left < -1 || p.mask.window_right < -1 || p.mask.window_left >= pos_limit ||
+      p.mask.window_right >= pos_limit)
+    return status::failure(f +
+                           ": params.mask.window_left/window_right must be in [0, 2^60), or -1 "
+                           "for unbounded; got " +
+                           str(p.mask.window_left) + "/" + str(p.mask.window_right));
+  const slope_config& sc = p.slopes;
+  // Caller slopes are given when the view has data or any non-zero extent: a null pointer
+  // with extents (per_head(nullptr, heads)) is an error, never "omitted".
+  const bool caller_slopes =
+      sc.values.data != nullptr || sc.values.extents[0] != 0 || sc.values.extents[1] != 0;
+  if (caller_slopes) {
+    if (sc.values.data == nullptr && element_count(sc.values) != 0)
+      return status::failure(f + ": params.slopes.values has extents (" +
+                             str(sc.values.extents[0]) + ", " + str(sc.values.extents[1]) +
+                             ") but null data; pass the slopes, or leave params.slopes.values "
+                             "default-constructed for generated slopes");
+    if ((sc.values.extents[0] != 1 && sc.values.extents[0] != B) || sc.values.extents[1] != Hq)
+      return status::failure(f + ": params.slopes.values must have shape (1 or batch = " + str(B) +
+                             ", q_heads = " + str(Hq) + "), got (" + str(sc.values.extents[0]) +
+                             ", " + str(sc.values.extents[1]) + ")");
+    if (status s = check_view(f.c_str(), "params.slopes.values", sc.values); !s) return s;
+    // An infinite or NaN slope makes every score of its head NaN (0 * inf at distance 0):
+    // refused where the values are readable here (host memory; device slopes are not read).
+    if (host_values)
+      for (index_t b = 0; b < sc.values.extents[0]; ++b)
+        for (index_t h = 0; h < sc.values.extents[1]; ++h)
+          if (!std::isfinite(sc.values(b, h)))
+            return status::failure(f + ": params.slopes.values must be finite, got " +
+                                   std::to_string(sc.values(b, h)) + " at (" + str(b) + ", " +
+                                   str(h) + ")");
+  } else {
+    if (!std::isfinite(sc.max_bias) || !std::isfinite(sc.scale))
+      return status::failure(f + ": params.slopes.max_bias and params.slopes.scale must be finite");
+    if (sc.global_heads < 0 || sc.head_offset < 0 ||
+        (sc.global_heads > 0 && sc.head_offset > sc.global_heads - Hq) ||
+        (sc.global_heads == 0 && sc.head_offset != 0))
+      return status::failure(f + ": params.slopes: heads [head_offset, head_offset + q_heads) = [" +
+                             str(sc.head_offset) + ", " + str(sc.head_offset + Hq) +
+                             ") must lie within [0, global_heads = " + str(sc.global_heads) +
+                             ") (set global_heads when head_offset is set)");
+  }
+  scale_out = scale;
+  return {};
+}
+
+/// The resolved problem of checked parameters `p` for the given sizes and scale: every field
+/// from `p` as it is (the per-batch views, masks, slopes, logsumexp, skipping, stats,
+/// key-norm bounds).
+inline attention_problem problem_of(const attention_params& p, index_t B, index_t Hq, index_t Hkv,
+                                    index_t Lq, index_t Lk, index_t D, index_t Dv, float scale) {
+  attention_problem prob;
+  prob.batch = B;
+  prob.q_heads = Hq;
+  prob.kv_heads = Hkv;
+  prob.q_len = Lq;
+  prob.k_len = Lk;
+  prob.head_dim = D;
+  prob.v_head_dim = Dv;
+  prob.scale = scale;
+  prob.mask = p.mask;
+  prob.slopes = p.slopes;
+  prob.q_lengths = p.q_lengths;
+  prob.k_lengths = p.k_lengths;
+  prob.q_offsets = p.q_offsets;
+  prob.k_offsets = p.k_offsets;
+  prob.key_mask = p.key_mask;
+  prob.lse = p.logsumexp;
+  prob.skip_far_tiles = p.skip_far_tiles;
+  prob.stats = p.stats;
+  prob.key_norm_bounds = p.key_norm_bounds;
+  return prob;
+}
+
 /// The backend-independent argument check. `host_values`: the per-batch lengths and caller
 /// slopes are in host memory and their values can be checked too.
 template <class TQ, class TK, class TV, class TO>
@@ -242,57 +325,14 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
     if (d.extent > 1 && d.stride != 1)
       return status::failure(f + ": " + d.name +
                              ".stride(3) (head_dim) must be 1 (contiguous), got " + str(d.stride));
-  const float scale = p.scale ? *p.scale : (D > 0 ? 1.0f / std::sqrt(static_cast<float>(D)) : 1.0f);
-  if (!std::isfinite(scale))
-    return status::failure(f + ": params.scale must be finite, got " + std::to_string(scale));
   // Positions, windows and lengths stay below 2^60 in magnitude, so that every sum the
   // masks and distances form (q_pos - window_left - k_offset, ...) fits in int64.
   constexpr index_t pos_limit = index_t(1) << 60;
-  if (p.mask.window_left < -1 || p.mask.window_right < -1 || p.mask.window_left >= pos_limit ||
-      p.mask.window_right >= pos_limit)
-    return status::failure(f +
-                           ": params.mask.window_left/window_right must be in [0, 2^60), or -1 "
-                           "for unbounded; got " +
-                           str(p.mask.window_left) + "/" + str(p.mask.window_right));
   if (Lq >= pos_limit || Lk >= pos_limit)
     return status::failure(f + ": q_len and k_len must be below 2^60, got " + str(Lq) + " and " +
                            str(Lk));
-  const slope_config& sc = p.slopes;
-  // Caller slopes are given when the view has data or any non-zero extent: a null pointer
-  // with extents (per_head(nullptr, heads)) is an error, never "omitted".
-  const bool caller_slopes =
-      sc.values.data != nullptr || sc.values.extents[0] != 0 || sc.values.extents[1] != 0;
-  if (caller_slopes) {
-    if (sc.values.data == nullptr && element_count(sc.values) != 0)
-      return status::failure(f + ": params.slopes.values has extents (" +
-                             str(sc.values.extents[0]) + ", " + str(sc.values.extents[1]) +
-                             ") but null data; pass the slopes, or leave params.slopes.values "
-                             "default-constructed for generated slopes");
-    if ((sc.values.extents[0] != 1 && sc.values.extents[0] != B) || sc.values.extents[1] != Hq)
-      return status::failure(f + ": params.slopes.values must have shape (1 or batch = " + str(B) +
-                             ", q_heads = " + str(Hq) + "), got (" + str(sc.values.extents[0]) +
-                             ", " + str(sc.values.extents[1]) + ")");
-    if (status s = check_view(fn, "params.slopes.values", sc.values); !s) return s;
-    // An infinite or NaN slope makes every score of its head NaN (0 * inf at distance 0):
-    // refused where the values are readable here (host memory; device slopes are not read).
-    if (host_values)
-      for (index_t b = 0; b < sc.values.extents[0]; ++b)
-        for (index_t h = 0; h < sc.values.extents[1]; ++h)
-          if (!std::isfinite(sc.values(b, h)))
-            return status::failure(f + ": params.slopes.values must be finite, got " +
-                                   std::to_string(sc.values(b, h)) + " at (" + str(b) + ", " +
-                                   str(h) + ")");
-  } else {
-    if (!std::isfinite(sc.max_bias) || !std::isfinite(sc.scale))
-      return status::failure(f + ": params.slopes.max_bias and params.slopes.scale must be finite");
-    if (sc.global_heads < 0 || sc.head_offset < 0 ||
-        (sc.global_heads > 0 && sc.head_offset > sc.global_heads - Hq) ||
-        (sc.global_heads == 0 && sc.head_offset != 0))
-      return status::failure(f + ": params.slopes: heads [head_offset, head_offset + q_heads) = [" +
-                             str(sc.head_offset) + ", " + str(sc.head_offset + Hq) +
-                             ") must lie within [0, global_heads = " + str(sc.global_heads) +
-                             ") (set global_heads when head_offset is set)");
-  }
+  float scale = 1.0f;
+  if (status s = check_call_params(f, p, B, Hq, D, host_values, scale); !s) return s;
   const index_t b1[] = {B};
   if (status s = check_optional(fn, "params.q_lengths", p.q_lengths, b1, "(batch)"); !s) return s;
   if (status s = check_optional(fn, "params.k_lengths", p.k_lengths, b1, "(batch)"); !s) return s;
@@ -313,26 +353,7 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
       !s)
     return s;
 
-  prob = attention_problem{};
-  prob.batch = B;
-  prob.q_heads = Hq;
-  prob.kv_heads = Hkv;
-  prob.q_len = Lq;
-  prob.k_len = Lk;
-  prob.head_dim = D;
-  prob.v_head_dim = Dv;
-  prob.scale = scale;
-  prob.mask = p.mask;
-  prob.slopes = sc;
-  prob.q_lengths = p.q_lengths;
-  prob.k_lengths = p.k_lengths;
-  prob.q_offsets = p.q_offsets;
-  prob.k_offsets = p.k_offsets;
-  prob.key_mask = p.key_mask;
-  prob.lse = p.logsumexp;
-  prob.skip_far_tiles = p.skip_far_tiles;
-  prob.stats = p.stats;
-  prob.key_norm_bounds = p.key_norm_bounds;
+  prob = problem_of(p, B, Hq, Hkv, Lq, Lk, D, Dv, scale);
 
   if (host_values) {
     for (index_t b = 0; b < B; ++b) {
