@@ -14,14 +14,14 @@ LAYERS = [
     ("core", ["core/"]),
     ("numerics", ["numerics/"]),
     ("front end", ["attention.hpp", "attention_backward.hpp", "merge.hpp", "bias_matrix.hpp",
-                   "layer_config.hpp", "layer_ops.hpp"]),
+                   "layer_config.hpp", "layer_ops.hpp", "ragged_attention.hpp"]),
     ("io, interop", ["io/", "interop/"]),
     ("host backends' shared code", ["backend/host/"]),
     ("backends", ["backend/reference/", "backend/eigen/", "backend/cuda/"]),
     ("layers", ["layers/"]),
     ("models", ["models/"]),
     ("mpi", ["mpi/"]),
-    ("umbrellas", ["alibi.hpp", "cuda.cuh", "layers.hpp", "mpi.hpp"]),
+    ("umbrellas", ["alibi.hpp", "cuda.cuh", "layers.hpp", "mpi.hpp", "serving.hpp"]),
 ]
 # Folders of one layer that must not include each other.
 SIBLINGS = ["backend/reference/", "backend/eigen/", "backend/cuda/", "io/", "interop/"]

@@ -47,13 +47,28 @@ inline constexpr int lanes = Eigen::internal::unpacket_traits<packet>::size;
 /// fp16 goes through F16C's vcvtph2ps where the target has it (called directly: Eigen 3.4
 /// enables its own F16C path only under clang, and falls back to a scalar emulation under
 /// GCC), bfloat16 through Eigen's packet cast (a 16-bit shift) where Eigen vectorizes it at
-/// this packet width, and anything else element by element. Every path is exact, so the
+/// this packet width, int8 (ragged attention's 8-bit K/V, scales applied by the caller)
+/// through a sign extension with AVX2 or AVX-512, and anything else element by element.
+/// Every path is exact, so the
 /// products see the same floats whichever runs (signalling NaNs may come out quieted).
 template <class T>
 ALIBI_FORCEINLINE packet load_floats(const T* p) {
   namespace ei = Eigen::internal;
   if constexpr (std::is_same<T, float>::value) {
     return ei::ploadu<packet>(p);
+  } else if constexpr (std::is_same<T, std::int8_t>::value) {
+    // int8 K/V (ragged attention's 8-bit pages): sign-extended to int32, then converted.
+#if defined(EIGEN_VECTORIZE_AVX512)
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(EIGEN_VECTORIZE_AVX2)
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+    alignas(64) float wide[lanes];
+    for (int i = 0; i < lanes; ++i) wide[i] = static_cast<float>(p[i]);
+    return ei::pload<packet>(wide);
+#endif
   } else {
 #if defined(__F16C__) && defined(EIGEN_VECTORIZE_AVX512)
     if constexpr (std::is_same<T, Eigen::half>::value)
