@@ -13,7 +13,9 @@
 #include "alibi/attention_backward.hpp"
 #include "alibi/layer_ops.hpp"
 #include "alibi/layers/kv_cache.hpp"
+#include "alibi/layers/paged_kv_cache.hpp"
 #include "alibi/layers/training.hpp"
+#include "alibi/ragged_attention.hpp"
 
 namespace alibi {
 
@@ -137,6 +139,21 @@ class multi_head_attention {
                const forward_options& opt = {}) {
     run(x, x, x, out, opt, &cache, false);
   }
+  /// Serving: a ragged batch against a paged cache (CPU backends, float layers, inference;
+  /// include <alibi/serving.hpp>). x (1, total_rows, embed_dim) holds the new tokens of
+  /// batch.seqs.extent(0) sequences packed one after another, sequence i owning rows
+  /// [batch.cu_seqlens(i), batch.cu_seqlens(i + 1)) (0 rows is fine) and being slot
+  /// batch.seqs(i) of `cache`. Their keys and values are appended to the cache, and each
+  /// row attends to its sequence's cached tokens, positioned as ragged_attention places it
+  /// (bottom-right). out is (1, total_rows, embed_dim). opt.mask, opt.skip_far_tiles and
+  /// opt.timings apply; per-sequence lengths and key masks come from the batch and the cache
+  /// (opt.q_lengths, opt.k_lengths and opt.key_padding_mask are refused). All or nothing: a
+  /// refused or failed call leaves every sequence's length as it was.
+  template <class S>
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, paged_kv_cache<S>& cache,
+               const ragged_batch& batch, const forward_options& opt = {}) {
+    run_paged(x, out, opt, cache, batch, false);
+  }
 
   /// For composite modules: out += attention (accumulate, a residual add folded into the
   /// output projection) or out = attention; padded query rows are then unspecified.
@@ -257,6 +274,9 @@ class multi_head_attention {
   void run(tensor_view<const T, 3> query, tensor_view<const T, 3> key,
            tensor_view<const T, 3> value, tensor_view<T, 3> out, const forward_options& opt,
            kv_cache<T, Backend, S>* cache, bool accumulate, activations* saved = nullptr);
+  template <class S>
+  void run_paged(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt,
+                 paged_kv_cache<S>& cache, const ragged_batch& batch, bool accumulate);
 
   Backend backend_;
   mha_config cfg_;
@@ -269,6 +289,9 @@ class multi_head_attention {
   detail::backend_buffer<Backend, T> q_, kv_, ctx_;
   detail::backend_buffer<Backend, index_t> q_len_dev_, k_len_dev_;
   detail::backend_buffer<Backend, bool> mask_dev_;
+  // A paged forward's view of its batch: the sequences' rows of the block table and lengths.
+  std::vector<std::int32_t> table_;
+  std::vector<std::int64_t> lens_;
   // Backward workspace: dy with zeroed padded rows (query rows, embed_dim); d ctx and dq
   // (query rows, nq); dk | dv (key rows, 2 nkv).
   detail::backend_buffer<Backend, T> dy_, dctx_, dq_, dkv_;
@@ -433,6 +456,114 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
     if (!accumulate) detail::zero_padded_rows<ops>(backend_, out.data, ldo, Lq, E, q_len);
   });
   if (step) step->commit();
+}
+
+template <class T, class Backend>
+template <class S>
+void multi_head_attention<T, Backend>::run_paged(tensor_view<const T, 3> x, tensor_view<T, 3> out,
+                                                 const forward_options& opt,
+                                                 paged_kv_cache<S>& cache,
+                                                 const ragged_batch& batch, bool accumulate) {
+  static_assert(detail::reads_host_memory<Backend> && std::is_same<T, float>::value,
+                "alibi::multi_head_attention: paged caches are for float layers on the CPU "
+                "backends");
+  using detail::str;
+  const char* fn = "alibi::multi_head_attention::forward (paged)";
+  const std::string f = fn;
+  const index_t E = cfg_.embed_dim, D = cfg_.head_dim;
+  const index_t nq = cfg_.q_heads * D, nkv = cfg_.kv_heads * D;
+  // Preconditions: shapes, the batch, the cache's shape and room.
+  if (x.extents[0] != 1 || out.extents[0] != 1 || out.extents[1] != x.extents[1])
+    detail::raise(argument_error(f +
+                                 ": x and out must have shape (1, total_rows, embed_dim), got (" +
+                                 str(x.extents[0]) + ", " + str(x.extents[1]) + ", ...) and (" +
+                                 str(out.extents[0]) + ", " + str(out.extents[1]) + ", ...)"));
+  const index_t total = x.extents[1];
+  const index_t ldx = detail::row_stride(fn, "x", x, E);
+  const index_t ldo = detail::row_stride(fn, "out", out, E);
+  if (opt.q_lengths.data || opt.k_lengths.data || opt.key_padding_mask.data)
+    detail::raise(argument_error(f +
+                                 ": opt.q_lengths, opt.k_lengths and opt.key_padding_mask are not "
+                                 "taken with a paged cache: batch.cu_seqlens and the cache give "
+                                 "every sequence's rows and tokens"));
+  const index_t n = batch.seqs.extents[0];
+  if (n < 0 || batch.cu_seqlens.extents[0] != n + 1 || (n > 0 && !batch.seqs.data) ||
+      !batch.cu_seqlens.data)
+    detail::raise(argument_error(f + ": batch.cu_seqlens must have batch.seqs.extent(0) + 1 = " +
+                                 str(n + 1) + " entries, got " + str(batch.cu_seqlens.extents[0])));
+  if (cache.kv_heads() != cfg_.kv_heads || cache.head_dim() != D || cache.v_head_dim() != D)
+    detail::raise(argument_error(f + ": the cache has kv_heads " + str(cache.kv_heads()) +
+                                 ", head_dim " + str(cache.head_dim()) + ", v_head_dim " +
+                                 str(cache.v_head_dim()) + "; the module needs " +
+                                 str(cfg_.kv_heads) + ", " + str(D) + ", " + str(D)));
+  const auto& cu = batch.cu_seqlens;
+  if (cu(0) != 0 || cu(n) != total)
+    detail::raise(argument_error(
+        f + ": batch.cu_seqlens must start at 0 and end at total_rows = " + str(total)));
+  index_t fresh = 0;
+  for (index_t i = 0; i < n; ++i) {
+    const index_t rows = cu(i + 1) - cu(i), seq = batch.seqs(i);
+    if (rows < 0)
+      detail::raise(argument_error(f + ": batch.cu_seqlens must be non-decreasing, got " +
+                                   str(cu(i)) + " then " + str(cu(i + 1))));
+    if (!cache.active(seq))
+      detail::raise(argument_error(f + ": batch.seqs(" + str(i) + ") = " + str(seq) +
+                                   " is not an active sequence of the cache"));
+    for (index_t u = 0; u < i; ++u)
+      if (batch.seqs(u) == seq)
+        detail::raise(argument_error(f + ": batch.seqs holds sequence " + str(seq) + " twice"));
+    if (rows > cache.max_tokens() - cache.length(seq))
+      detail::raise(capacity_error(f + ": sequence " + str(seq) + " would hold " +
+                                   str(cache.length(seq) + rows) + " tokens, more than the " +
+                                   str(cache.max_tokens()) + " its table row holds"));
+    fresh += cache.fresh_pages(seq, rows);
+  }
+  if (fresh > cache.free_pages())
+    detail::raise(capacity_error(f + ": the batch needs " + str(fresh) +
+                                 " free pages, the cache has " + str(cache.free_pages())));
+  double* t_proj = opt.timings ? &opt.timings->projections : nullptr;
+  double* t_attn = opt.timings ? &opt.timings->attention : nullptr;
+
+  // q_ (total, q_heads, head_dim), kv_ (total, [k | v]) with k and v (kv_heads, head_dim)
+  // per row, ctx_ like q_.
+  ops::resize(q_, total * nq);
+  ops::resize(kv_, total * 2 * nkv);
+  ops::resize(ctx_, total * nq);
+  const auto qv = make_view<const T>(q_.data(), total, cfg_.q_heads, D);
+  const auto cv = make_view<T>(ctx_.data(), total, cfg_.q_heads, D);
+  attention_params p;
+  p.scale = cfg_.scale;
+  p.mask = opt.mask;
+  p.slopes = cfg_.slopes;
+  p.skip_far_tiles = opt.skip_far_tiles;
+
+  // From the appends on, a failure returns every sequence to its length.
+  typename paged_kv_cache<S>::transaction step(cache, batch.seqs);
+  detail::timed<ops>(backend_, t_proj, [&] {
+    ops::linear(backend_, x.data, ldx, total, E, wq_.data(), cfg_.bias ? bq_.data() : nullptr, nq,
+                q_.data(), nq, false, nullptr);
+    ops::linear(backend_, x.data, ldx, total, E, wk_.data(), cfg_.bias ? bk_.data() : nullptr, nkv,
+                kv_.data(), 2 * nkv, false, nullptr);
+    ops::linear(backend_, x.data, ldx, total, E, wv_.data(), cfg_.bias ? bv_.data() : nullptr, nkv,
+                kv_.data() + nkv, 2 * nkv, false, nullptr);
+    for (index_t i = 0; i < n; ++i) {
+      const index_t rows = cu(i + 1) - cu(i);
+      const T* k = kv_.data() + cu(i) * 2 * nkv;  // (rows, [k | v]) of sequence i
+      cache.append(
+          batch.seqs(i),
+          make_strided_view<const T, 3>(k, {rows, cfg_.kv_heads, D}, {2 * nkv, D, 1}),
+          make_strided_view<const T, 3>(k + nkv, {rows, cfg_.kv_heads, D}, {2 * nkv, D, 1}));
+    }
+  });
+  detail::timed<ops>(backend_, t_attn, [&] {
+    ragged_attention(backend_, qv, cu, cache.view_of(batch.seqs, table_, lens_), cv, p);
+  });
+  detail::timed<ops>(backend_, t_proj, [&] {
+    ops::linear(backend_, static_cast<const T*>(ctx_.data()), nq, total, nq, wo_.data(),
+                cfg_.bias && out_bias_ ? bo_.data() : nullptr, E, out.data, ldo, accumulate,
+                nullptr);
+  });
+  step.commit();
 }
 
 template <class T, class Backend>

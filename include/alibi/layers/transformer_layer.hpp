@@ -163,6 +163,19 @@ class transformer_layer {
     run(x, out, opt, &cache);
   }
 
+  /// Serving: a ragged batch against this layer's paged cache (see multi_head_attention's
+  /// paged forward: x and out (1, total_rows, embed_dim), CPU backends, float layers). All
+  /// or nothing: a failure anywhere in the layer leaves every sequence's length as it was.
+  template <class S>
+  void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, paged_kv_cache<S>& cache,
+               const ragged_batch& batch, const forward_options& opt = {}) {
+    typename paged_kv_cache<S>::transaction step(cache, batch.seqs);
+    run_layer(x, out, opt, [&](tensor_view<const T, 3> in, bool accumulate) {
+      attn_.run_paged(in, out, opt, cache, batch, accumulate);
+    });
+    step.commit();
+  }
+
  private:
   static constexpr char prefix[] = "self_attn.";
 
@@ -188,6 +201,11 @@ class transformer_layer {
   template <class S>
   void run(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt,
            kv_cache<T, Backend, S>* cache);
+  /// The layer's forward around `attend(in, accumulate)`, the attention of the rows `in`
+  /// into out (added to it when accumulating).
+  template <class Attend>
+  void run_layer(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt,
+                 Attend&& attend);
   /// The row strides of a forward's x and out (batch, seq, embed_dim), out checked to have
   /// x's shape.
   std::pair<index_t, index_t> io_strides(const char* fn, const tensor_view<const T, 3>& x,
@@ -217,11 +235,26 @@ class transformer_layer {
   detail::backend_buffer<Backend, T> dout_, dres_, dside_, dh_, du_;
 };
 
+// Out of the class, so that the instances alibi::kernels compiles (models/layer_instances.inc)
+// are the only copies where it is linked.
 template <class T, class Backend>
 template <class S>
 void transformer_layer<T, Backend>::run(tensor_view<const T, 3> x, tensor_view<T, 3> out,
                                         const forward_options& opt,
                                         kv_cache<T, Backend, S>* cache) {
+  // A failure after the attention's append (the FFN, a norm) leaves the cache as it was.
+  std::optional<typename kv_cache<T, Backend, S>::transaction> step;
+  if (cache != nullptr) step.emplace(*cache);
+  run_layer(x, out, opt, [&](tensor_view<const T, 3> in, bool accumulate) {
+    attn_.forward_into(in, in, in, out, opt, cache, accumulate);
+  });
+  if (step) step->commit();
+}
+
+template <class T, class Backend>
+template <class Attend>
+void transformer_layer<T, Backend>::run_layer(tensor_view<const T, 3> x, tensor_view<T, 3> out,
+                                              const forward_options& opt, Attend&& attend) {
   const char* fn = "alibi::transformer_layer::forward";
   const index_t E = cfg_.attention.embed_dim, F = cfg_.ff_dim;
   const index_t B = x.extents[0], L = x.extents[1], rows = B * L;
@@ -258,15 +291,12 @@ void transformer_layer<T, Backend>::run(tensor_view<const T, 3> x, tensor_view<T
   auto reduce = [&] {
     if (reduce_) reduce_(out.data, ldo, rows, E);
   };
-  // A failure after the attention's append (the FFN, a norm) leaves the cache as it was.
-  std::optional<typename kv_cache<T, Backend, S>::transaction> step;
-  if (cache != nullptr) step.emplace(*cache);
   // The residual stream lives in `out`; the attention's output projection adds to it (a
   // shard other than the lead writes its partial sum there instead).
   if (cfg_.norm == norm_position::post) {
     if (lead_ && out.data != x.data) ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
     // x may be out: the attention reads it (projections) before writing out.
-    attn_.forward_into(x, x, x, out, opt, cache, lead_);
+    attend(x, lead_);
     reduce();
     norm(out.data, ldo, out.data, ldo, g1_, beta1_);
     if (lead_) {
@@ -283,14 +313,13 @@ void transformer_layer<T, Backend>::run(tensor_view<const T, 3> x, tensor_view<T
     const auto nv = make_view<const T>(n_.data(), B, L, E);
     norm(x.data, ldx, n_.data(), E, g1_, beta1_);
     if (lead_ && out.data != x.data) ops::copy_rows(backend_, x.data, ldx, out.data, ldo, rows, E);
-    attn_.forward_into(nv, nv, nv, out, opt, cache, lead_);
+    attend(nv, lead_);
     reduce();
     norm(out.data, ldo, n_.data(), E, g2_, beta2_);
     ffn(n_.data(), E);
     reduce();
   }
   detail::zero_padded_rows<ops>(backend_, out.data, ldo, L, E, q_len);
-  if (step) step->commit();
 }
 
 template <class T, class Backend>
