@@ -12,90 +12,40 @@
 
 #include <alibi/alibi.hpp>
 
+#include "tiny_lm.hpp"
+
 namespace {
 
-using alibi::index_t;
-using cpu = alibi::backend::eigen;
+using example::argmax;
+using example::cpu;
+using example::index_t;
 
-struct tiny_lm {
-  static constexpr index_t vocab = 97, E = 64, layers = 2;
-  std::vector<float> embedding;  // (vocab, E)
-  std::vector<float> head;       // (vocab, E): logits = LayerNorm(h) head^T
-  std::vector<alibi::transformer_layer<float, cpu>> blocks;
-
-  tiny_lm() {
-    std::mt19937 rng(7);
-    alibi::layer_config c;
-    c.attention.embed_dim = E;
-    c.attention.q_heads = 8;
-    c.attention.kv_heads = 2;  // GQA: the cache holds 2 heads, not 8
-    c.norm = alibi::norm_position::pre;
-    c.act = alibi::activation::gelu_tanh;
-    std::normal_distribution<float> n01;
-    embedding.resize(vocab * E);
-    for (float& v : embedding) v = n01(rng);
-    head.resize(vocab * E);
-    for (float& v : head) v = n01(rng);
-    for (index_t l = 0; l < layers; ++l) {
-      blocks.emplace_back(c, cpu{2});
-      for (const auto& p : blocks.back().parameters()) {
-        index_t n = 1;
-        for (index_t e : p.shape) n *= e;
-        const bool gain = p.name.find("norm") != std::string::npos && p.shape.size() == 1 &&
-                          p.name.find("weight") != std::string::npos;
-        std::normal_distribution<float> d(
-            gain ? 1.0f : 0.0f, p.shape.size() == 2 ? 1.5f / std::sqrt(float(p.shape[1])) : 0.02f);
-        std::vector<float> w(static_cast<std::size_t>(n));
-        for (float& v : w) v = d(rng);
-        blocks.back().set(p.name, w.data(), p.shape);
-      }
-    }
+/// Logits (batch, n, vocab) of `tokens` (batch, n), of which lengths(b) are valid; with
+/// caches, the tokens are appended to each sequence, else they are whole sequences.
+std::vector<float> forward(example::tiny_lm& lm, const std::vector<int>& tokens, index_t batch,
+                           index_t n, std::vector<index_t> lengths,
+                           std::vector<alibi::kv_cache<float, cpu>>* caches) {
+  constexpr index_t E = example::tiny_lm::E;
+  std::vector<float> x = lm.embed(tokens.data(), batch * n);
+  alibi::forward_options opt;
+  opt.mask.causal = true;
+  opt.q_lengths = alibi::make_view<const index_t>(lengths.data(), batch);
+  if (!caches) opt.k_lengths = opt.q_lengths;
+  auto xv = alibi::make_view(x.data(), batch, n, E);
+  for (index_t l = 0; l < example::tiny_lm::layers; ++l) {
+    if (caches)
+      lm.blocks[l].forward(xv, xv, (*caches)[l], opt);
+    else
+      lm.blocks[l].forward(xv, xv, opt);
   }
-
-  /// Logits (batch, n, vocab) of `tokens` (batch, n), of which lengths(b) are valid; with
-  /// caches, the tokens are appended to each sequence, else they are whole sequences.
-  std::vector<float> forward(const std::vector<int>& tokens, index_t batch, index_t n,
-                             std::vector<index_t> lengths,
-                             std::vector<alibi::kv_cache<float, cpu>>* caches) {
-    std::vector<float> x(static_cast<std::size_t>(batch * n * E), 0.0f);
-    for (index_t i = 0; i < batch * n; ++i)
-      std::copy_n(embedding.begin() + tokens[i] * E, E, x.begin() + i * E);
-    alibi::forward_options opt;
-    opt.mask.causal = true;
-    opt.q_lengths = alibi::make_view<const index_t>(lengths.data(), batch);
-    if (!caches) opt.k_lengths = opt.q_lengths;
-    auto xv = alibi::make_view(x.data(), batch, n, E);
-    for (index_t l = 0; l < layers; ++l) {
-      if (caches)
-        blocks[l].forward(xv, xv, (*caches)[l], opt);
-      else
-        blocks[l].forward(xv, xv, opt);
-    }
-    std::vector<float> logits(static_cast<std::size_t>(batch * n * vocab));
-    for (index_t i = 0; i < batch * n; ++i) {
-      float* h = x.data() + i * E;  // final LayerNorm (unit gain), then the head
-      double mean = 0, var = 0;
-      for (index_t e = 0; e < E; ++e) mean += h[e];
-      mean /= E;
-      for (index_t e = 0; e < E; ++e) var += (h[e] - mean) * (h[e] - mean);
-      const double inv = 1.0 / std::sqrt(var / E + 1e-5);
-      for (index_t t = 0; t < vocab; ++t) {
-        double dot = 0;
-        for (index_t e = 0; e < E; ++e) dot += (h[e] - mean) * inv * head[t * E + e];
-        logits[i * vocab + t] = static_cast<float>(dot);
-      }
-    }
-    return logits;
-  }
-};
-
-int argmax(const float* p, index_t n) { return static_cast<int>(std::max_element(p, p + n) - p); }
+  return lm.logits(x.data(), batch * n);
+}
 
 }  // namespace
 
 int main() {
-  tiny_lm lm;
-  const index_t batch = 2, steps = 24, V = tiny_lm::vocab;
+  example::tiny_lm lm;
+  const index_t batch = 2, steps = 24, V = example::tiny_lm::vocab;
   std::vector<std::vector<int>> seqs = {{5, 17, 42, 8, 3, 60, 11}, {90, 2, 33}};
   const index_t capacity = 64;
   std::vector<alibi::kv_cache<float, cpu>> caches;
@@ -110,7 +60,7 @@ int main() {
     std::copy(seqs[b].begin(), seqs[b].end(), tokens.begin() + b * width);
     lengths.push_back(static_cast<index_t>(seqs[b].size()));
   }
-  auto logits = lm.forward(tokens, batch, width, lengths, &caches);
+  auto logits = forward(lm, tokens, batch, width, lengths, &caches);
   std::vector<std::vector<float>> step_logits(batch);  // the logits each choice came from
   std::vector<int> next(batch);
   for (index_t b = 0; b < batch; ++b) {
@@ -121,7 +71,7 @@ int main() {
   // Decode: one token per sequence per step.
   for (index_t s = 0; s < steps; ++s) {
     for (index_t b = 0; b < batch; ++b) seqs[b].push_back(next[b]);
-    logits = lm.forward(next, batch, 1, {1, 1}, &caches);
+    logits = forward(lm, next, batch, 1, {1, 1}, &caches);
     for (index_t b = 0; b < batch; ++b) {
       next[b] = argmax(logits.data() + b * V, V);
       step_logits[b].insert(step_logits[b].end(), logits.begin() + b * V,
@@ -137,7 +87,7 @@ int main() {
     std::copy(seqs[b].begin(), seqs[b].end(), all.begin() + b * full);
     all_len.push_back(static_cast<index_t>(seqs[b].size()));
   }
-  const auto ref = lm.forward(all, batch, full, all_len, nullptr);
+  const auto ref = forward(lm, all, batch, full, all_len, nullptr);
   double worst = 0;
   bool same_choices = true;
   for (index_t b = 0; b < batch; ++b) {

@@ -14,8 +14,8 @@ fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda[@]}" >/dev/null
 cmake --build "$build" --parallel "$(nproc)" --target alibi_example_slopes_and_bias alibi_example_quickstart \
   alibi_example_transformer_layer alibi_example_greedy_decode alibi_example_attention_backward \
-  alibi_example_hf_checkpoint
-for example in slopes_and_bias quickstart transformer_layer greedy_decode attention_backward hf_checkpoint; do
+  alibi_example_serve alibi_example_hf_checkpoint
+for example in slopes_and_bias quickstart transformer_layer greedy_decode attention_backward serve hf_checkpoint; do
   echo
   echo "== examples/${example}.cpp"
   "$build/examples/alibi_example_${example}"
