@@ -45,6 +45,19 @@
 // (fp16 widened and used by four rows, 64 KiB per tile, the next tile's lines requested as
 // it goes): how far this machine overlaps such arithmetic with memory; counters as
 // BM_decode_kv.
+// BM_serve_decode: one decode step of 16 sequences whose contexts are spread evenly over
+// 1024..8192 tokens (72k in all), 32 query heads, D 128, MHA (32 KV heads) or GQA-8 (4),
+// K/V in fp16 or int8. layout 0: alibi::attention over one slot of 8192 tokens per sequence
+// (k_lengths; kv_cache's layout), 1: ragged_attention over the same slots (contiguous_kv),
+// 2: ragged_attention over pages of 16 tokens, in a shuffled page order (paged_kv). Cold
+// caches and counters as BM_decode_kv, the bytes those of the tokens in use.
+// BM_serve_long: one sequence's decode step over 16k or 128k tokens in pages of 16 (fp16,
+// MHA, slopes as generated), far-tile skipping on with the pages' key norms; counter
+// tiles_read: the fraction of the (head, tile) pairs the step read.
+// BM_serve_prefill: a 4096-token prompt's attention (32 heads, D 128, fp16 K/V already in the
+// cache, causal, skipping off), warm caches: 0 one attention() call over the whole prompt,
+// 1 attention() in chunks of 512 query rows over the keys so far, 2 ragged_attention in the
+// same chunks over pages of 16 tokens. Counter GFLOP/s (4 x the causal pairs x D).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -62,6 +75,7 @@
 #include <alibi/backend/eigen/kv_tiles.hpp>
 #include <alibi/backend/host/small_rows.hpp>
 #include <alibi/backend/host/workspace.hpp>
+#include <alibi/serving.hpp>
 
 #include "common.hpp"
 #include "decode_views.hpp"
@@ -336,6 +350,277 @@ void decode(benchmark::State& state, index_t lk, index_t hkv, int skip, int thre
   }
   steps_against_ceiling(state, threads, 2.0 * static_cast<double>(hkv * lk * d) * sizeof(T),
                         [&] { decode_call(be, q, views, blocked, out, p); });
+}
+
+/// The K/V of BM_serve_decode's 16 sequences in storage type T (Eigen::half or int8), in
+/// both layouts: slots of serve_slot tokens, and pages of serve_page tokens.
+constexpr index_t serve_seqs = 16, serve_slot = 8192, serve_page = 16;
+
+index_t serve_context(index_t s) { return 1024 + s * (serve_slot - 1024) / (serve_seqs - 1); }
+
+template <class T>
+struct serve_store {
+  index_t hkv = 0, pages = 0;
+  aligned_vector<T> kc, vc, kp, vp;       // (seqs, hkv, slot, 128) / (pages, 16, hkv, 128)
+  std::vector<float> ksc, vsc, ksp, vsp;  // int8 scales
+  std::vector<std::int32_t> table;        // (seqs, slot / 16)
+  std::vector<std::int64_t> lens;
+  std::vector<float> norms;  // (pages, hkv)
+
+  static serve_store& get(index_t hkv) {
+    static std::map<index_t, std::unique_ptr<serve_store>> stores;
+    auto& st = stores[hkv];
+    if (!st) {
+      st = std::make_unique<serve_store>();
+      st->fill(hkv);
+    }
+    return *st;
+  }
+
+  void fill(index_t h) {
+    constexpr index_t d = 128, per = serve_slot / serve_page;
+    hkv = h;
+    for (index_t s = 0; s < serve_seqs; ++s) {
+      lens.push_back(serve_context(s));
+      pages += (lens.back() + serve_page - 1) / serve_page;
+    }
+    const auto slots = static_cast<std::size_t>(serve_seqs * hkv * serve_slot);
+    kc.resize(slots * d);
+    vc.resize(slots * d);
+    const auto tokens = static_cast<std::size_t>(pages * serve_page * hkv);
+    kp.resize(tokens * d);
+    vp.resize(tokens * d);
+    if constexpr (alibi::is_int8_kv<T>) {
+      ksc.resize(slots);
+      vsc.resize(slots);
+      ksp.resize(tokens);
+      vsp.resize(tokens);
+    }
+    norms.assign(static_cast<std::size_t>(pages * hkv), 0.0f);
+    // Pages in a shuffled order, as a pool that has served a while hands them out.
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(pages));
+    for (index_t i = 0; i < pages; ++i)
+      ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(5));
+    table.assign(static_cast<std::size_t>(serve_seqs * per), 0);
+    std::size_t next = 0;
+    for (index_t s = 0; s < serve_seqs; ++s)
+      for (index_t i = 0; i < (lens[s] + serve_page - 1) / serve_page; ++i)
+        table[static_cast<std::size_t>(s * per + i)] = ids[next++];
+    const aligned_vector<float> row = filled(static_cast<std::size_t>(d) * 4099, 11);
+    std::size_t r = 0;
+    auto put = [&](T* dst, float* scale) {
+      const float* src = row.data() + (r++ % 4096) * d;
+      if constexpr (alibi::is_int8_kv<T>)
+        *scale = alibi::paged_kv_cache<T>::quantize_int8(src, 1, d, dst);
+      else
+        for (index_t e = 0; e < d; ++e) dst[e] = static_cast<T>(src[e]);
+    };
+    for (index_t s = 0; s < serve_seqs; ++s)
+      for (index_t j = 0; j < lens[s]; ++j)
+        for (index_t g = 0; g < hkv; ++g) {
+          const auto c = static_cast<std::size_t>((s * hkv + g) * serve_slot + j);
+          const index_t page = table[static_cast<std::size_t>(s * per + j / serve_page)];
+          const auto pi = static_cast<std::size_t>((page * serve_page + j % serve_page) * hkv + g);
+          const bool q8 = alibi::is_int8_kv<T>;
+          put(&kc[c * d], q8 ? &ksc[c] : nullptr);
+          put(&vc[c * d], q8 ? &vsc[c] : nullptr);
+          std::copy_n(&kc[c * d], d, &kp[pi * d]);
+          std::copy_n(&vc[c * d], d, &vp[pi * d]);
+          if (q8) {
+            ksp[pi] = ksc[c];
+            vsp[pi] = vsc[c];
+          }
+          // Every element is in [-1, 1] (int8: dequantized, too): norms at most sqrt(d).
+          norms[static_cast<std::size_t>(page * hkv + g)] = std::sqrt(float(d));
+        }
+  }
+
+  alibi::contiguous_kv<T> contiguous() const {
+    alibi::contiguous_kv<T> kv;
+    kv.k = alibi::make_view<const T>(kc.data(), serve_seqs, hkv, serve_slot, 128);
+    kv.v = alibi::make_view<const T>(vc.data(), serve_seqs, hkv, serve_slot, 128);
+    if constexpr (alibi::is_int8_kv<T>) {
+      kv.k_scales = alibi::make_view<const float>(ksc.data(), serve_seqs, hkv, serve_slot);
+      kv.v_scales = alibi::make_view<const float>(vsc.data(), serve_seqs, hkv, serve_slot);
+    }
+    kv.context_lens = alibi::make_view<const std::int64_t>(lens.data(), serve_seqs);
+    return kv;
+  }
+  alibi::paged_kv<T> paged() const {
+    alibi::paged_kv<T> kv;
+    kv.k = alibi::make_view<const T>(kp.data(), pages, serve_page, hkv, 128);
+    kv.v = alibi::make_view<const T>(vp.data(), pages, serve_page, hkv, 128);
+    if constexpr (alibi::is_int8_kv<T>) {
+      kv.k_scales = alibi::make_view<const float>(ksp.data(), pages, serve_page, hkv);
+      kv.v_scales = alibi::make_view<const float>(vsp.data(), pages, serve_page, hkv);
+    }
+    kv.block_table =
+        alibi::make_view<const std::int32_t>(table.data(), serve_seqs, serve_slot / serve_page);
+    kv.context_lens = alibi::make_view<const std::int64_t>(lens.data(), serve_seqs);
+    kv.page_key_norms = alibi::make_view<const float>(norms.data(), pages, hkv);
+    return kv;
+  }
+  double bytes_in_use() const {
+    double tokens = 0;
+    for (std::int64_t n : lens) tokens += static_cast<double>(n);
+    return tokens * static_cast<double>(hkv) *
+           (2.0 * 128 * sizeof(T) + (alibi::is_int8_kv<T> ? 2 * sizeof(float) : 0));
+  }
+};
+
+/// Arguments: layout (0 attention() over slots, 1 ragged over slots, 2 ragged over pages),
+/// K/V type (1 fp16, 3 int8; int8 only ragged), KV heads, threads.
+void BM_serve_decode(benchmark::State& state) {
+  const auto layout = state.range(0);
+  const index_t hkv = state.range(2), hq = 32, d = 128;
+  const int threads = static_cast<int>(state.range(3));
+  const aligned_vector<float> q = filled(static_cast<std::size_t>(serve_seqs * hq * d), 3);
+  aligned_vector<float> out(q.size());
+  std::vector<index_t> cu(serve_seqs + 1);
+  for (index_t s = 0; s <= serve_seqs; ++s) cu[static_cast<std::size_t>(s)] = s;
+  const alibi::attention_params p = dense_causal();
+  const alibi::backend::eigen be{threads};
+  auto run = [&](auto type) {
+    using T = decltype(type);
+    const serve_store<T>& st = serve_store<T>::get(hkv);
+    const auto qv = alibi::make_view<const float>(q.data(), serve_seqs, hq, d);
+    const auto ov = alibi::make_view(out.data(), serve_seqs, hq, d);
+    const auto cv = alibi::make_view<const index_t>(cu.data(), serve_seqs + 1);
+    steps_against_ceiling(state, threads, st.bytes_in_use(), [&] {
+      if constexpr (alibi::is_int8_kv<T>) {
+        if (layout == 1)
+          alibi::ragged_attention(be, qv, cv, st.contiguous(), ov, p);
+        else
+          alibi::ragged_attention(be, qv, cv, st.paged(), ov, p);
+      } else if (layout == 0) {
+        alibi::attention_params pl = p;
+        pl.k_lengths = alibi::make_view<const index_t>(st.lens.data(), serve_seqs);
+        const alibi::contiguous_kv<T> kv = st.contiguous();
+        alibi::attention(be, alibi::make_view<const float>(q.data(), serve_seqs, hq, 1, d), kv.k,
+                         kv.v, alibi::make_view(out.data(), serve_seqs, hq, 1, d), pl);
+      } else if (layout == 1) {
+        alibi::ragged_attention(be, qv, cv, st.contiguous(), ov, p);
+      } else {
+        alibi::ragged_attention(be, qv, cv, st.paged(), ov, p);
+      }
+      benchmark::DoNotOptimize(out.data());
+    });
+  };
+  if (state.range(1) == 3)
+    run(std::int8_t{});
+  else
+    run(Eigen::half{});
+}
+
+/// One sequence of `len` tokens (paged fp16, MHA, 32 heads), skipping on: what a step costs
+/// as the context grows. Arguments: len, threads.
+void BM_serve_long(benchmark::State& state) {
+  const index_t len = state.range(0), h = 32, d = 128, ps = 16, pages = (len + ps - 1) / ps;
+  const int threads = static_cast<int>(state.range(1));
+  using T = Eigen::half;
+  static std::map<index_t, std::unique_ptr<alibi::paged_kv_cache<T>>> caches;
+  auto& cache = caches[len];
+  if (!cache) {
+    cache = std::make_unique<alibi::paged_kv_cache<T>>(pages, ps, h, d, 1, pages);
+    const index_t seq = cache->add_sequence();
+    const aligned_vector<float> rows = filled(static_cast<std::size_t>(4096 * h * d), 13);
+    for (index_t j = 0; j < len; j += 4096) {
+      const index_t n = std::min<index_t>(4096, len - j);
+      const auto kv = alibi::make_view<const float>(rows.data(), n, h, d);
+      cache->append(seq, kv, kv);
+    }
+  }
+  const aligned_vector<float> q = filled(static_cast<std::size_t>(h * d), 3);
+  aligned_vector<float> out(q.size());
+  const std::vector<index_t> cu = {0, 1};
+  alibi::attention_params p;
+  p.mask.causal = true;
+  alibi::attention_stats stats;
+  p.stats = &stats;
+  const alibi::backend::eigen be{threads};
+  steps_against_ceiling(state, threads, 2.0 * static_cast<double>(len * h * d) * sizeof(T), [&] {
+    alibi::ragged_attention(be, alibi::make_view<const float>(q.data(), 1, h, d),
+                            alibi::make_view<const index_t>(cu.data(), 2), cache->view(),
+                            alibi::make_view(out.data(), 1, h, d), p);
+    benchmark::DoNotOptimize(out.data());
+  });
+  state.counters["tiles_read"] = static_cast<double>(stats.tiles_computed) /
+                                 static_cast<double>(stats.tiles_computed + stats.tiles_skipped);
+}
+
+/// Arguments: way (0 whole, 1 chunks over slots, 2 chunks over pages), threads.
+void BM_serve_prefill(benchmark::State& state) {
+  const index_t L = 4096, h = 32, d = 128, ps = 16, chunk = 512;
+  const auto way = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  using T = Eigen::half;
+  static const aligned_vector<T> k = filled_as<T>(static_cast<std::size_t>(L * h * d), 21),
+                                 v = filled_as<T>(static_cast<std::size_t>(L * h * d), 22);
+  // The same tokens in pages, in order: page p holds tokens [16 p, 16 p + 16) of every head.
+  static const std::pair<aligned_vector<T>, aligned_vector<T>> pages = [&] {
+    aligned_vector<T> kp(k.size()), vp(v.size());
+    for (index_t g = 0; g < h; ++g)
+      for (index_t j = 0; j < L; ++j) {
+        std::copy_n(&k[static_cast<std::size_t>((g * L + j) * d)], d,
+                    &kp[static_cast<std::size_t>((j * h + g) * d)]);
+        std::copy_n(&v[static_cast<std::size_t>((g * L + j) * d)], d,
+                    &vp[static_cast<std::size_t>((j * h + g) * d)]);
+      }
+    return std::make_pair(std::move(kp), std::move(vp));
+  }();
+  std::vector<std::int32_t> table(static_cast<std::size_t>(L / ps));
+  for (index_t i = 0; i < L / ps; ++i)
+    table[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+  const aligned_vector<float> q = filled(static_cast<std::size_t>(L * h * d), 3);
+  aligned_vector<float> out(q.size());
+  const alibi::attention_params p = dense_causal();
+  const alibi::backend::eigen be{threads};
+  const auto kv = alibi::make_view<const T>(k.data(), 1, h, L, d);
+  const auto vv = alibi::make_view<const T>(v.data(), 1, h, L, d);
+  // q and out as (L, h, d) rows: (1, h, L, d) views of the same memory for attention().
+  auto step = [&] {
+    if (way == 0) {
+      alibi::attention(be, alibi::view_bshd<const float>(q.data(), 1, L, h, d), kv, vv,
+                       alibi::view_bshd(out.data(), 1, L, h, d), p);
+    }
+    for (index_t c = 0; way != 0 && c < L / chunk; ++c) {
+      const index_t n = (c + 1) * chunk;
+      const float* qc = q.data() + c * chunk * h * d;
+      float* oc = out.data() + c * chunk * h * d;
+      if (way == 1) {
+        const auto kc =
+            alibi::make_strided_view<const T, 4>(k.data(), {1, h, n, d}, {h * L * d, L * d, d, 1});
+        const auto vc =
+            alibi::make_strided_view<const T, 4>(v.data(), {1, h, n, d}, {h * L * d, L * d, d, 1});
+        alibi::attention(be, alibi::view_bshd<const float>(qc, 1, chunk, h, d), kc, vc,
+                         alibi::view_bshd(oc, 1, chunk, h, d), p);
+      } else {
+        alibi::paged_kv<T> pk;
+        pk.k = alibi::make_view<const T>(pages.first.data(), L / ps, ps, h, d);
+        pk.v = alibi::make_view<const T>(pages.second.data(), L / ps, ps, h, d);
+        pk.block_table = alibi::make_view<const std::int32_t>(table.data(), 1, L / ps);
+        const std::int64_t len = n;
+        pk.context_lens = alibi::make_view<const std::int64_t>(&len, 1);
+        const index_t cu[] = {0, chunk};
+        alibi::ragged_attention(be, alibi::make_view<const float>(qc, chunk, h, d),
+                                alibi::make_view<const index_t>(cu, 2), pk,
+                                alibi::make_view(oc, chunk, h, d), p);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  };
+  step();
+  std::vector<double> times;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(s);
+    times.push_back(s);
+  }
+  // Causal pairs: L (L + 1) / 2 per head; 2 products of D multiply-adds each.
+  state.counters["GFLOP/s"] = 4.0 * h * d * (L * (L + 1) / 2.0) / median(times) / 1e9;
 }
 
 /// CPU seconds (user + system) this process has used so far.
@@ -834,4 +1119,20 @@ BENCHMARK(BM_prefill_kv)
 
 }  // namespace
 
+BENCHMARK(BM_serve_decode)
+    ->Iterations(step_iterations)
+    ->ArgsProduct({{0, 1, 2}, {1}, {32, 4}, {1, 2}})
+    ->ArgsProduct({{1, 2}, {3}, {32, 4}, {1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_serve_prefill)
+    ->Iterations(5)
+    ->ArgsProduct({{0, 1, 2}, {1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_serve_long)
+    ->Iterations(step_iterations)
+    ->ArgsProduct({{16384, 131072}, {1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK_MAIN();
