@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: MIT
+"""The functional interface: ``attention`` (with autograd), ``get_slopes`` and ``build_alibi_tensor``."""
+from typing import Optional, Tuple, Union
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import _library  # noqa: F401  (registers torch.ops.alibi)
+
+_ops = torch.ops.alibi
+
+
+def get_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
+    """The ALiBi slopes of the paper, float32 ``(num_heads,)``: a geometric sequence from
+    2^(-max_bias/n), interleaved with the sequence of 2n heads when num_heads is not a power of two
+    (the same values as every alibi backend and Hugging Face BLOOM)."""
+    return _ops.slopes(int(num_heads), float(max_bias))
+
+
+def build_alibi_tensor(attention_mask: torch.Tensor, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """The materialized bias of Hugging Face BLOOM, for code that still adds a bias tensor:
+    ``(batch * num_heads, 1, seq)`` with ``slope[h] * position[b, j]``, where a key's position
+    counts the unmasked keys before it (``attention_mask`` is ``(batch, seq)``, 1 = keep) and masked
+    keys get 0. Under a row's softmax this equals alibi's ``-slope * |i - j|`` for causal
+    attention over a contiguous run of kept keys, which ``attention`` computes without the tensor."""
+    if attention_mask.dim() != 2:
+        raise ValueError(f"alibi: attention_mask must have shape (batch, seq), got {tuple(attention_mask.shape)}")
+    batch, seq = attention_mask.shape
+    slopes = get_slopes(num_heads).to(attention_mask.device)
+    keep = attention_mask.to(torch.long)
+    positions = ((keep.cumsum(dim=-1) - 1) * keep).to(torch.float32)  # (batch, seq)
+    bias = slopes.view(1, num_heads, 1) * positions.view(batch, 1, seq)  # (batch, heads, seq)
+    return bias.reshape(batch * num_heads, 1, seq).to(dtype)
+
+
+def _window(window) -> Tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if isinstance(window, int) and not isinstance(window, bool):
+        return window, -1
+    if isinstance(window, (tuple, list)) and len(window) == 2 and all(
+            isinstance(w, int) and not isinstance(w, bool) for w in window):
+        return int(window[0]), int(window[1])
+    raise ValueError(f"alibi: window must be None, an int (keys at most that many positions before "
+                     f"the query) or a pair (left, right) of ints (-1 = unbounded), got {window!r}")
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """q, k, v in (batch, heads, seq, dim) views; cfg: the operator's remaining arguments. Saves
+    q, k, v, out and the logsumexp (nothing seq x seq); the backward is alibi's fused backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, slopes, cfg):
+        out, lse = _ops.forward(q, k, v, slopes, *cfg)
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse, slopes)
+        ctx.cfg = cfg
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, slopes = ctx.saved_tensors
+        want_dslopes = slopes is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, dslopes = _ops.backward(dout, q, k, v, out, lse, slopes, *ctx.cfg, want_dslopes)
+        if want_dslopes:
+            dslopes = dslopes.reshape(slopes.shape).to(slopes.dtype)
+        else:
+            dslopes = None
+        return dq, dk, dv, dslopes, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+              slopes: Optional[torch.Tensor] = None, max_bias: float = 8.0, alibi: bool = True,
+              scale: Optional[float] = None, window: Union[None, int, Tuple[int, int]] = None,
+              key_padding_mask: Optional[torch.Tensor] = None, lengths: Optional[torch.Tensor] = None,
+              q_lengths: Optional[torch.Tensor] = None, k_lengths: Optional[torch.Tensor] = None,
+              skip_far_tiles: bool = True, layout: str = "bhld", return_lse: bool = False,
+              threads: Optional[int] = None):
+    """ALiBi attention: ``softmax(scale * q k^T - slope * |i - j| + masks) v``, per alibi's contract
+    (docs/contract.md), differentiable in q, k, v and ``slopes``.
+
+    - q ``(batch, q_heads, q_len, dim)``, k ``(batch, kv_heads, k_len, dim)``, v
+      ``(batch, kv_heads, k_len, v_dim)`` for ``layout="bhld"``; ``"blhd"`` swaps the heads and
+      sequence dimensions (the layout of a projection's output viewed as heads). kv_heads divides
+      q_heads (GQA/MQA). Any strides are read in place; only a strided last dimension is copied.
+    - float32 runs on alibi's fused CPU kernels, float64 on its double-precision reference.
+    - Query rows are aligned to the end of the keys (row i has position k_len - q_len + i).
+    - ``slopes``: ``(q_heads,)`` or ``(batch, q_heads)``; may require grad (trainable slopes).
+      Default: the paper's slopes from ``max_bias``. ``alibi=False``: no bias.
+    - ``window``: an int (keys at most that far before the query) or ``(left, right)``.
+    - ``key_padding_mask``: bool ``(batch, k_len)``, True = key excluded (as in
+      torch.nn.MultiheadAttention). ``lengths``: int ``(batch,)`` valid tokens of a self-attention
+      batch (queries and keys); ``q_lengths``/``k_lengths`` set them apart. Rows past a length and
+      rows without any key give zeros (never NaN); padding is never read.
+    - ``skip_far_tiles``: skip key tiles whose softmax weight is provably below 2^-25 of the row's
+      (output change below 2^-24 max|v|; docs/far-tile-skipping.md).
+    - ``threads``: default ``torch.get_num_threads()``.
+
+    Returns out in q's layout (and the float32 logsumexp ``(batch, q_heads, q_len)``, natural log,
+    not differentiable, with ``return_lse=True``)."""
+    if layout not in ("bhld", "blhd"):
+        raise ValueError(f"alibi: layout must be 'bhld' or 'blhd', got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"alibi: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"alibi: {name} must be 4-D ({layout}), got shape {tuple(t.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("slopes", slopes), ("key_padding_mask", key_padding_mask),
+                    ("lengths", lengths), ("q_lengths", q_lengths), ("k_lengths", k_lengths)):
+        if t is not None and t.device.type != "cpu":
+            raise ValueError(f"alibi: {name} is on {t.device}; this build of alibi_torch runs on CPU tensors "
+                             "only (docs/pytorch.md, \"Devices\")")
+    blhd = layout == "blhd"
+    if blhd:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if lengths is not None:
+        if q_lengths is not None or k_lengths is not None:
+            raise ValueError("alibi: give lengths (self-attention) or q_lengths/k_lengths, not both")
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(f"alibi: lengths is for self-attention (q_len == k_len), but q_len is "
+                             f"{q.shape[2]} and k_len {k.shape[2]}; use q_lengths and k_lengths")
+        q_lengths = k_lengths = lengths
+    left, right = _window(window)
+    if threads is None:
+        threads = torch.get_num_threads()
+    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"alibi: threads must be a positive int, got {threads!r}")
+    cfg = (bool(alibi), float(max_bias), None if scale is None else float(scale), bool(causal), left, right,
+           key_padding_mask, q_lengths, k_lengths, bool(skip_far_tiles), int(threads), blhd)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, slopes))
+    if needs_grad:
+        out, lse = _AttentionFunction.apply(q, k, v, slopes, cfg)
+    else:
+        out, lse = _ops.forward(q, k, v, slopes, *cfg)
+    if blhd:
+        out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
