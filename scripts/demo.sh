@@ -21,6 +21,17 @@ for example in slopes_and_bias quickstart transformer_layer greedy_decode attent
   "$build/examples/alibi_example_${example}"
 done
 
+# The PyTorch example, where PyTorch is installed (ALIBI_WITH_TORCH=1 scripts/install-deps.sh)
+# and the configure step therefore defined the operator library.
+if grep -q "^alibi_torch_ops:" <(cmake --build "$build" --target help 2>/dev/null | sed 's/ .*//'); then
+  cmake --build "$build" --target alibi_torch_ops
+  python=$(sed -n 's/^ALIBI_TORCH_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
+  echo
+  echo "== python/examples/train_tiny.py (alibi_torch, docs/pytorch.md)"
+  ALIBI_TORCH_LIBRARY="$build/python/_alibi_ops.so" PYTHONPATH=python PYTHONDONTWRITEBYTECODE=1 \
+    "$python" python/examples/train_tiny.py
+fi
+
 echo
 echo "== a quick run of the benchmark suite (bench/scripts/bench-suite.sh --quick; lengths up to 1024)"
 bench/scripts/bench-suite.sh --quick

@@ -3,15 +3,18 @@
 #   1. builds the unit tests and the fuzzer with AddressSanitizer and UndefinedBehaviorSanitizer
 #      (Debug, -O1) and runs the unit tests except the [heavy] grids, the fault-injection tests,
 #      40 fuzz seeds and the MPI tests on 3 ranks (skip with ALIBI_SANITIZE_TESTS=0);
-#   2. builds every target in Release (with the CUDA targets when nvcc is found) and runs every
-#      ctest test: unit, consumer, example and fuzz (1,000 seeds) tests;
+#   2. builds every target in Release (with the CUDA targets when nvcc is found, the PyTorch
+#      operators when torch is installed) and runs every ctest test: unit, consumer, example,
+#      fuzz (1,000 seeds) and python (alibi_torch) tests;
 #   3. builds the API reference (alibi_docs, Doxygen; any warning fails it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each stage's header and the end print the seconds since the start, to see where CI spends
 # its time.
 stage() { echo "== [${SECONDS} s] $*"; }
-scripts/install-deps.sh
+# PyTorch too (ALIBI_WITH_TORCH=0 leaves it out), so that the python-labelled tests of
+# alibi_torch run rather than skip.
+ALIBI_WITH_TORCH=${ALIBI_WITH_TORCH:-1} scripts/install-deps.sh
 jobs=$(nproc)
 build=${ALIBI_BUILD_DIR:-build}
 # ccache (installed by install-deps.sh) makes a second run on the same machine rebuild only the

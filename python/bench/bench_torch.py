@@ -1,17 +1,18 @@
 # SPDX-License-Identifier: MIT
-"""alibi_torch against PyTorch's eager BLOOM attention, in one process: time (median of --reps runs)
-and extra peak memory of the forward and of forward + backward, and the cost of the Python call at
-a small shape against calling alibi from C++. Prints a Markdown table.
+"""alibi_torch against PyTorch's eager BLOOM attention: time (median of --reps runs) and extra
+peak memory of the forward and of forward + backward, each pair measured in the same process; and
+the cost of the Python call at a small shape against calling alibi from C++. Prints Markdown tables.
 
     ALIBI_TORCH_LIBRARY=build/python/_alibi_ops.so PYTHONPATH=python /usr/bin/python3 \
         python/bench/bench_torch.py [--lengths 512 1024 2048 4096 8192] [--threads 1 2] [--reps 3]
 
-Peak memory is the process's resident high-water mark (VmHWM, reset through
+The call's cost is measured first, with the allocator's default settings, as a Python caller has
+them. Peak memory is the process's resident high-water mark (VmHWM, reset through
 /proc/self/clear_refs) above its resident size before the call: what the call adds, inputs and
-parameters excluded. The script re-runs itself with glibc's mmap threshold fixed at 64 KiB, so that
-every large buffer is mapped when allocated and unmapped when freed (with the default dynamic
-threshold, freed buffers stay resident and later calls reuse them unseen). The eager path is run up to --eager-max-length (at 8192 its seq x seq tensors
-are 4 GiB each).
+parameters excluded. For that table the script re-runs itself with glibc's mmap threshold fixed at
+64 KiB, so that every large buffer is mapped when allocated and unmapped when freed (with the
+default dynamic threshold, freed buffers stay resident and later calls reuse them unseen). The
+eager path runs up to --eager-max-length (at 8192 its seq x seq tensors are 4 GiB each).
 """
 import argparse
 import gc
@@ -132,7 +133,17 @@ def call_overhead(threads):
             f"{graph * 1e6:.1f} ({graph / direct:.2f}x) |")
 
 
-def main():
+def overhead_table():
+    print("The Python call at L 64 (microseconds, median of 300): C++ direct | alibi_torch.attention "
+          "(no grad) | with autograd\n")
+    print("| threads | C++ direct | Python, no grad | Python, autograd |")
+    print("|---|---|---|---|")
+    for threads in ARGS.threads:
+        print(call_overhead(threads), flush=True)
+    print()
+
+
+def length_table():
     print(f"B 1, H {ARGS.heads}, D {ARGS.head_dim}, causal, float32; torch {torch.__version__}; "
           f"median of {ARGS.reps}; memory = extra peak resident MiB\n")
     print("| L | threads | path | forward ms | fwd+bwd ms | forward MiB | fwd+bwd MiB | "
@@ -142,23 +153,26 @@ def main():
         for threads in ARGS.threads:
             for row in run_length(L, threads):
                 print(row, flush=True)
-    print("\nThe Python call at L 64 (microseconds, median of 300): C++ direct | alibi_torch.attention "
-          "(no grad) | with autograd\n")
-    print("| threads | C++ direct | Python, no grad | Python, autograd |")
-    print("|---|---|---|---|")
-    for threads in ARGS.threads:
-        print(call_overhead(threads), flush=True)
 
 
 if __name__ == "__main__":
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
-        os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--lengths", type=int, nargs="*", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--eager-max-length", type=int, default=4096)
+    parser.add_argument("--no-overhead", action="store_true", help="leave out the Python call's cost")
     ARGS = parser.parse_args()
-    main()
+    # The call's cost is measured with the default allocator settings (a Python caller's); the
+    # lengths' memory with the fixed mmap threshold, in a re-run of this script.
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
+        if not ARGS.no_overhead:
+            overhead_table()
+        if ARGS.lengths:
+            sys.stdout.flush()
+            os.execve(sys.executable, [sys.executable] + sys.argv + ["--no-overhead"],
+                      dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"))
+    else:
+        length_table()

@@ -47,7 +47,10 @@ at::Tensor attention_operand(const at::Tensor& t, const char* name, at::ScalarTy
                     t.sizes());
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, "alibi: ", name, " has dtype ", t.scalar_type(),
                    " but q has ", dtype, "; q, k and v must share one dtype");
-  return t.size(3) > 1 && t.stride(3) != 1 ? t.contiguous() : t;
+  if (t.size(3) <= 1 || t.stride(3) == 1) return t;
+  // contiguous() returns an empty tensor as it is (it counts as contiguous); a gradient of an
+  // empty output arrives with stride 0, and a fresh empty tensor has stride 1.
+  return t.numel() == 0 ? at::empty(t.sizes(), t.options()) : t.contiguous();
 }
 
 /// The parameters of a call that are not q, k, v: the torch tensors behind the views are kept

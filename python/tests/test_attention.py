@@ -174,6 +174,23 @@ class Float32AgainstEager(unittest.TestCase):
         two = alibi_torch.attention(q, k, v, threads=2)
         self.assertTrue(torch.equal(one, two))
 
+    def test_empty_shapes(self):
+        """No batch entries, no query rows, no keys: outputs and gradients of the right shapes,
+        zeros where a row has no key."""
+        for q_shape, k_shape in (((0, 4, 5, 8), (0, 2, 5, 8)), ((2, 4, 0, 8), (2, 2, 5, 8)),
+                                 ((2, 4, 3, 8), (2, 2, 0, 8))):
+            with self.subTest(q=q_shape, k=k_shape):
+                q = torch.randn(q_shape, requires_grad=True)
+                k = torch.randn(k_shape, requires_grad=True)
+                v = torch.randn(k_shape, requires_grad=True)
+                out = alibi_torch.attention(q, k, v, causal=False)
+                out.sum().backward()
+                self.assertEqual(out.shape, q_shape)
+                self.assertEqual(out.abs().sum().item(), 0.0)
+                for t in (q, k, v):
+                    self.assertEqual(t.grad.shape, t.shape)
+                    self.assertEqual(t.grad.abs().sum().item(), 0.0)
+
     def test_strided_inputs_are_read_in_place(self):
         gen = torch.Generator().manual_seed(6)
         base = torch.randn(2, 50, 3, 4, 2, 32, generator=gen)  # (B, L, [q k v], H, 2, D/2)

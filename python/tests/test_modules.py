@@ -110,11 +110,17 @@ class AgainstThePosts(unittest.TestCase):
                                  "first post, padded")
                     assert_close(self, ours(x), seed(x, x, x), "first post, self-attention")
 
+    @staticmethod
+    def second_post_pair(embed, heads):
+        """The second post's module and ALiBiMultiheadAttention (causal) holding its weights."""
+        seed = SeedALiBiAttention(embed, heads)
+        ours = alibi_torch.ALiBiMultiheadAttention(embed, heads, causal=True)
+        ours.load_state_dict(seed.state_dict())
+        return seed, ours
+
     def test_second_post_module(self):
         torch.manual_seed(1)
-        seed = SeedALiBiAttention(64, 8)
-        ours = alibi_torch.ALiBiMultiheadAttention(64, 8, causal=True)
-        ours.load_state_dict(seed.state_dict())
+        seed, ours = self.second_post_pair(64, 8)
         x = torch.randn(2, 70, 64)
         causal_mask = torch.tril(torch.ones(70, 70))
         with torch.no_grad():
@@ -123,9 +129,7 @@ class AgainstThePosts(unittest.TestCase):
 
     def test_gradients_match_the_post(self):
         torch.manual_seed(2)
-        seed = SeedALiBiAttention(32, 4)
-        ours = alibi_torch.ALiBiMultiheadAttention(32, 4, causal=True)
-        ours.load_state_dict(seed.state_dict())
+        seed, ours = self.second_post_pair(32, 4)
         x = torch.randn(2, 40, 32)
         seed(x, torch.tril(torch.ones(40, 40))).square().sum().backward()
         ours(x).square().sum().backward()
