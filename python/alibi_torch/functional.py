@@ -84,7 +84,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
       ``(batch, kv_heads, k_len, v_dim)`` for ``layout="bhld"``; ``"blhd"`` swaps the heads and
       sequence dimensions (the layout of a projection's output viewed as heads). kv_heads divides
       q_heads (GQA/MQA). Any strides are read in place; only a strided last dimension is copied.
-    - float32 runs on alibi's fused CPU kernels, float64 on its double-precision reference.
+    - float32 runs on alibi's fused CPU kernels, float64 on its double-precision reference. For
+      inference, k and v may be float16 or bfloat16 with q float32 (fused kernels, forward only).
     - Query rows are aligned to the end of the keys (row i has position k_len - q_len + i).
     - ``slopes``: ``(q_heads,)`` or ``(batch, q_heads)``; may require grad (trainable slopes).
       Default: the paper's slopes from ``max_bias``. ``alibi=False``: no bias.
@@ -131,6 +132,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, slopes))
     if needs_grad:
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            raise TypeError(f"alibi: gradients need q, k and v of one dtype (float32 or float64); k and v "
+                            f"in {k.dtype} with q in {q.dtype} are forward only (use torch.no_grad())")
         out, lse = _AttentionFunction.apply(q, k, v, slopes, cfg)
     else:
         out, lse = _ops.forward(q, k, v, slopes, *cfg)

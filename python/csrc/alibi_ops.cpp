@@ -37,16 +37,20 @@ void check_cpu(const at::Tensor& t, const char* name) {
                     "built without CUDA)");
 }
 
-/// q, k, v, out and dout: 4-D, on the CPU, of the call's dtype. alibi reads any strides
-/// except in the last dimension, which must be contiguous: a tensor whose last dimension is
-/// strided is copied (the only copy this layer makes).
-at::Tensor attention_operand(const at::Tensor& t, const char* name, at::ScalarType dtype) {
+/// q, k, v, out and dout: 4-D, on the CPU, of the dtype of the operand `like` (k and v share
+/// one; q, out and dout another). alibi reads any strides except in the last dimension, which
+/// must be contiguous: a tensor whose last dimension is strided is copied (the only copy this
+/// layer makes).
+at::Tensor attention_operand(const at::Tensor& t, const char* name, const at::Tensor& like,
+                             const char* like_name) {
+  const at::ScalarType dtype = like.scalar_type();
   check_cpu(t, name);
   TORCH_CHECK_VALUE(t.dim() == 4, "alibi: ", name,
                     " must be 4-D (batch, heads, seq, head_dim), got ", t.dim(), "-D with shape ",
                     t.sizes());
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, "alibi: ", name, " has dtype ", t.scalar_type(),
-                   " but q has ", dtype, "; q, k and v must share one dtype");
+                   " but ", like_name, " has ", dtype, "; ", name, " must have ", like_name,
+                   "'s dtype");
   if (t.size(3) <= 1 || t.stride(3) == 1) return t;
   // contiguous() returns an empty tensor as it is (it counts as contiguous); a gradient of an
   // empty output arrives with stride 0, and a fresh empty tensor has stride 1.
@@ -148,20 +152,28 @@ std::string python_names(std::string message) {
   return message;
 }
 
-/// Runs f(backend, view<T>) for the call's dtype: float32 on eigen, float64 on reference. An
+/// Runs f(backend, T{}, TKV{}) for the call's dtypes (q's, and k's and v's): all float32 on
+/// eigen, all float64 on reference, and with `half_kv` q float32 with K/V float16 or bfloat16
+/// on eigen (at::Half and at::BFloat16 have Eigen::half's and Eigen::bfloat16's bits). An
 /// alibi::error becomes a ValueError carrying alibi's message.
 template <class F>
-void dispatch(at::ScalarType dtype, int64_t threads, F&& f) {
+void dispatch(at::ScalarType dtype, at::ScalarType kv_dtype, bool half_kv, int64_t threads, F&& f) {
+  alibi::backend::eigen be;
+  be.threads = static_cast<int>(std::clamp<int64_t>(threads, 1, INT32_MAX));
   try {
-    if (dtype == at::kFloat) {
-      alibi::backend::eigen be;
-      be.threads = static_cast<int>(std::clamp<int64_t>(threads, 1, INT32_MAX));
-      f(be, float{});
-    } else if (dtype == at::kDouble) {
-      f(alibi::backend::reference{}, double{});
+    if (dtype == at::kFloat && kv_dtype == at::kFloat) {
+      f(be, float{}, float{});
+    } else if (dtype == at::kDouble && kv_dtype == at::kDouble) {
+      f(alibi::backend::reference{}, double{}, double{});
+    } else if (half_kv && dtype == at::kFloat && kv_dtype == at::kHalf) {
+      f(be, float{}, Eigen::half{});
+    } else if (half_kv && dtype == at::kFloat && kv_dtype == at::kBFloat16) {
+      f(be, float{}, Eigen::bfloat16{});
     } else {
-      TORCH_CHECK_TYPE(false, "alibi: q, k and v must be float32 (eigen backend) or float64 ",
-                       "(reference backend), got ", dtype);
+      TORCH_CHECK_TYPE(false, "alibi: q, k and v must be all float32 (eigen backend) or all ",
+                       "float64 (reference backend)",
+                       half_kv ? ", or q float32 with k and v float16 or bfloat16 (eigen)" : "",
+                       "; got q ", dtype, ", k and v ", kv_dtype);
     }
   } catch (const alibi::argument_error& e) {
     TORCH_CHECK_VALUE(false, python_names(e.what()));
@@ -176,18 +188,19 @@ std::tuple<at::Tensor, at::Tensor> forward(
     const c10::optional<at::Tensor>& k_lengths, bool skip_far_tiles, int64_t threads,
     bool out_blhd) {
   const at::ScalarType dtype = q_in.scalar_type();
-  const at::Tensor q = attention_operand(q_in, "q", dtype);  // (B, Hq, Lq, D)
-  const at::Tensor k = attention_operand(k_in, "k", dtype);  // (B, Hkv, Lk, D)
-  const at::Tensor v = attention_operand(v_in, "v", dtype);  // (B, Hkv, Lk, Dv)
+  const at::Tensor q = attention_operand(q_in, "q", q_in, "q");  // (B, Hq, Lq, D)
+  const at::Tensor k = attention_operand(k_in, "k", k_in, "k");  // (B, Hkv, Lk, D)
+  const at::Tensor v = attention_operand(v_in, "v", k_in, "k");  // (B, Hkv, Lk, Dv)
   const index_t B = q.size(0), Hq = q.size(1), Lq = q.size(2), Dv = v.size(3);
   call_config c = make_config(B, Hq, slopes, alibi_enabled, max_bias, scale, causal, window_left,
                               window_right, key_padding_mask, q_lengths, k_lengths, skip_far_tiles);
   at::Tensor out = empty_bhld(B, Hq, Lq, Dv, out_blhd, dtype);  // (B, Hq, Lq, Dv)
   at::Tensor lse = at::empty({B, Hq, Lq}, at::TensorOptions().dtype(at::kFloat));  // (B, Hq, Lq)
   c.params.logsumexp = view_of<float, 3>(lse);
-  dispatch(dtype, threads, [&](const auto& be, auto zero) {
+  dispatch(dtype, k.scalar_type(), true, threads, [&](const auto& be, auto zero, auto kv_zero) {
     using T = decltype(zero);
-    alibi::attention(be, view_of<const T, 4>(q), view_of<const T, 4>(k), view_of<const T, 4>(v),
+    using TKV = decltype(kv_zero);
+    alibi::attention(be, view_of<const T, 4>(q), view_of<const TKV, 4>(k), view_of<const TKV, 4>(v),
                      view_of<T, 4>(out), c.params);
   });
   return {out, lse};
@@ -202,12 +215,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const c10::optional<at::Tensor>& k_lengths, bool skip_far_tiles, int64_t threads,
     bool grads_blhd, bool want_dslopes) {
   const at::ScalarType dtype = q_in.scalar_type();
-  const at::Tensor q = attention_operand(q_in, "q", dtype);
-  const at::Tensor k = attention_operand(k_in, "k", dtype);
-  const at::Tensor v = attention_operand(v_in, "v", dtype);
-  const at::Tensor out = attention_operand(out_in, "out", dtype);
+  const at::Tensor q = attention_operand(q_in, "q", q_in, "q");
+  const at::Tensor k = attention_operand(k_in, "k", k_in, "k");
+  const at::Tensor v = attention_operand(v_in, "v", k_in, "k");
+  const at::Tensor out = attention_operand(out_in, "out", q_in, "q");
   // A gradient arriving from an expand() or a sum has zero or odd strides: alibi reads those.
-  const at::Tensor dout = attention_operand(dout_in, "dout", dtype);
+  const at::Tensor dout = attention_operand(dout_in, "dout", q_in, "q");
   check_cpu(lse, "lse");
   TORCH_CHECK_TYPE(lse.scalar_type() == at::kFloat, "alibi: lse must be float32");
   const index_t B = q.size(0), Hq = q.size(1);
@@ -222,7 +235,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const index_t rows = c.slopes.defined() ? c.slopes.size(0) : 1;
     dslopes = at::zeros({rows, Hq}, at::TensorOptions().dtype(at::kFloat));  // (1 or B, Hq)
   }
-  dispatch(dtype, threads, [&](const auto& be, auto zero) {
+  // The backward takes one dtype for all tensors: float16/bfloat16 K/V are forward only.
+  dispatch(dtype, k.scalar_type(), false, threads, [&](const auto& be, auto zero, auto) {
     using T = decltype(zero);
     alibi::attention_gradients<T> g{view_of<T, 4>(dq), view_of<T, 4>(dk), view_of<T, 4>(dv)};
     if (want_dslopes) g.dslopes = view_of<float, 2>(dslopes);
@@ -250,14 +264,15 @@ at::Tensor slopes(int64_t num_heads, double max_bias) {
 double time_direct(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                    int64_t threads, int64_t reps) {
   TORCH_CHECK_VALUE(reps >= 1, "alibi: reps must be at least 1");
-  const at::Tensor qc = attention_operand(q, "q", at::kFloat);
-  const at::Tensor kc = attention_operand(k, "k", at::kFloat);
-  const at::Tensor vc = attention_operand(v, "v", at::kFloat);
+  const at::Tensor qc = attention_operand(q, "q", q, "q");
+  const at::Tensor kc = attention_operand(k, "k", q, "q");
+  const at::Tensor vc = attention_operand(v, "v", q, "q");
   at::Tensor out = at::empty({qc.size(0), qc.size(1), qc.size(2), vc.size(3)}, qc.options());
   alibi::attention_params p;
   p.mask.causal = causal;
   std::vector<double> t;
-  dispatch(at::kFloat, threads, [&](const auto& be, auto) {
+  TORCH_CHECK_TYPE(qc.scalar_type() == at::kFloat, "alibi: _time_direct takes float32 tensors");
+  dispatch(at::kFloat, at::kFloat, false, threads, [&](const auto& be, auto, auto) {
     for (int64_t r = 0; r < reps; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
       alibi::attention(be, view_of<const float, 4>(qc), view_of<const float, 4>(kc),

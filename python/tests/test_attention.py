@@ -205,6 +205,31 @@ class Float32AgainstEager(unittest.TestCase):
         self.assertTrue(torch.equal(got, want))
 
 
+class HalfPrecisionKV(unittest.TestCase):
+    """q float32 with k and v float16 or bfloat16 (inference): against the eager computation in
+    float64 on the same K/V values, under the tolerance rule with the eager float32 computation on
+    the widened K/V as the naive one (the K/V values are exact in every path)."""
+
+    def test_against_eager(self):
+        gen = torch.Generator().manual_seed(9)
+        kpm = torch.zeros(2, 300, dtype=torch.bool)
+        kpm[1, 250:] = True
+        for kv_dtype in (torch.float16, torch.bfloat16):
+            for causal, q_len in ((True, 300), (True, 4), (False, 77)):
+                with self.subTest(dtype=kv_dtype, causal=causal, q_len=q_len):
+                    q = torch.randn(2, 8, q_len, 64, generator=gen)
+                    k, v = (torch.randn(2, 2, 300, 64, generator=gen).to(kv_dtype) for _ in range(2))
+                    with torch.no_grad():
+                        got = alibi_torch.attention(q, k, v, causal=causal, key_padding_mask=kpm)
+                    ref = eager_attention(q.double(), k.double(), v.double(), causal=causal,
+                                          key_padding_mask=kpm)
+                    naive = eager_attention(q, k.float(), v.float(), causal=causal, key_padding_mask=kpm)
+                    self.assertEqual(got.dtype, torch.float32)
+                    self.assertFalse(torch.isnan(got).any().item())
+                    self.assertLessEqual(max_err(got, ref), tolerance_bound(got, ref, naive))
+                    self.assertLessEqual(max_err(got, ref), 1e-5)
+
+
 class NaNInPadding(unittest.TestCase):
     """Memory alibi must not read (rows past q_lengths, keys past k_lengths, masked keys) holds NaN:
     valid outputs and gradients equal those without NaN, and padded gradients are zeros."""
@@ -255,8 +280,11 @@ class Errors(unittest.TestCase):
             alibi_torch.attention(args["q"], args["k"], args["v"], **kw)
 
     def test_dtypes(self):
-        self.raises(TypeError, "float32 .* or float64", q=self.q.half(), k=self.k.half(), v=self.v.half())
-        self.raises(TypeError, "k has dtype Double but q has Float", k=self.k.double())
+        self.raises(TypeError, "all float32 .* got q Half, k and v Half", q=self.q.half(), k=self.k.half(), v=self.v.half())
+        self.raises(TypeError, "got q Float, k and v Double", k=self.k.double(), v=self.v.double())
+        self.raises(TypeError, "v has dtype Float but k has Double", k=self.k.double())
+        self.raises(TypeError, "got q Double, k and v Half", q=self.q.double(), k=self.k.half(), v=self.v.half())
+        self.raises(TypeError, "forward only", q=self.q.clone().requires_grad_(), k=self.k.half(), v=self.v.half())
         self.raises(TypeError, "key_padding_mask must be a bool", key_padding_mask=torch.zeros(2, 6))
         self.raises(TypeError, "q_lengths must be an int64 or int32", q_lengths=torch.ones(2), k_lengths=None)
         self.raises(TypeError, "must be a torch.Tensor", q=[1.0])
