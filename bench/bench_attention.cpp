@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The fused CPU backend against the fp32 seed algorithm and this machine's sgemm, in one run.
-// Counters: GFLOP/s (4 * H * Lq * Lk * D, halved for causal) and sgemm_frac (that rate over
-// the aggregate GFLOP/s of `threads` concurrent 1024^3 Eigen sgemms, measured in this process).
+// Counters: GFLOP/s (4 * H * Lq * Lk * D, halved for causal), sgemm_frac (that rate over the
+// aggregate GFLOP/s of `threads` concurrent 1024^3 Eigen sgemms) and peak_frac (over the
+// aggregate rate of `threads` register-only FMA loops), both measured in this process.
 #include <benchmark/benchmark.h>
 
 #include "common.hpp"
@@ -15,6 +16,9 @@ void set_counters(benchmark::State& state, double flops, int threads) {
       benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["sgemm_frac"] =
       benchmark::Counter(flops / (alibi_bench::sgemm_gflops(threads) * 1e9),
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_frac"] =
+      benchmark::Counter(flops / (alibi_bench::fma_peak_gflops(threads) * 1e9),
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -53,6 +57,15 @@ void BM_sgemm_1024(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   for (auto _ : state) benchmark::DoNotOptimize(alibi_bench::sgemm_gflops(threads));
   state.counters["GFLOP/s"] = alibi_bench::sgemm_gflops(threads);
+  state.counters["peak_frac"] =
+      alibi_bench::sgemm_gflops(threads) / alibi_bench::fma_peak_gflops(threads);
+}
+
+/// The FMA peak of `threads` cores (register-only FMA loops), the ceiling of every rate here.
+void BM_fma_peak(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(alibi_bench::fma_peak_gflops(threads));
+  state.counters["GFLOP/s"] = alibi_bench::fma_peak_gflops(threads);
 }
 
 // Args: k_len, threads, skip. One query token against a long KV cache (16 heads, D 128).
@@ -125,6 +138,7 @@ void attention_args(benchmark::internal::Benchmark* b, index_t max_len) {
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
+BENCHMARK(BM_fma_peak)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_sgemm_1024)->Arg(1)->Arg(2)->Iterations(1);
 BENCHMARK(BM_fused)->Apply([](benchmark::internal::Benchmark* b) { attention_args(b, 8192); });
 // The seed algorithm's L x L score and bias buffers reach 512 MiB per thread at 8192.

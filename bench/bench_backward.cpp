@@ -21,6 +21,9 @@ void set_counters(benchmark::State& state, double flops, int threads) {
   state.counters["sgemm_frac"] =
       benchmark::Counter(flops / (alibi_bench::sgemm_gflops(threads) * 1e9),
                          benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_frac"] =
+      benchmark::Counter(flops / (alibi_bench::fma_peak_gflops(threads) * 1e9),
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 /// Inputs, the forward's output and logsumexp, dout and the gradients.

@@ -133,6 +133,46 @@ inline void seed_attention(int threads, inputs& in, bool causal) {
   });
 }
 
+/// Where the FMA loops store their results, so that they are not optimized away.
+inline volatile float fma_sink = 0.0f;
+
+/// Aggregate GFLOP/s of `threads` concurrent register-only FMA loops at the widest vector
+/// width this file was compiled for: the core's arithmetic ceiling, against which the
+/// kernels' rates are reported. 16 independent accumulators hide the FMA latency on every
+/// core of the last decade (latency 4 x 2 ports = 8 in flight). Median of 7 repetitions,
+/// measured once per process.
+inline double fma_peak_gflops(int threads) {
+  using packet = Eigen::internal::packet_traits<float>::type;
+  constexpr int lanes = Eigen::internal::packet_traits<float>::size;
+  constexpr int accs = 16;
+  constexpr long iters = 1L << 24;
+  static double cached[64] = {};
+  if (cached[threads] > 0) return cached[threads];
+  std::vector<double> rates;
+  for (int rep = 0; rep < 7; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        namespace ei = Eigen::internal;
+        // Multiplier and addend just below and above 1 keep the values finite and normal.
+        const packet a = ei::pset1<packet>(0.999999f), b = ei::pset1<packet>(1e-7f);
+        packet acc[accs];
+        for (int i = 0; i < accs; ++i) acc[i] = ei::pset1<packet>(static_cast<float>(i + t));
+        for (long it = 0; it < iters; ++it)
+          for (int i = 0; i < accs; ++i) acc[i] = ei::pmadd(acc[i], a, b);
+        float total = 0.0f;
+        for (int i = 0; i < accs; ++i) total += ei::predux(acc[i]);
+        fma_sink = total;
+      });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(2.0 * lanes * accs * static_cast<double>(iters) * threads / s / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return cached[threads] = rates[rates.size() / 2];
+}
+
 /// Aggregate GFLOP/s of `threads` concurrent 1024^3 Eigen sgemms: the practical limit of this
 /// machine for GEMM-bound work. Median of 7 repetitions, measured once per process.
 inline double sgemm_gflops(int threads) {

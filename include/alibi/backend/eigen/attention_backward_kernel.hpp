@@ -6,8 +6,8 @@
 // score-tile block, and accumulates
 //   dV_j += P^T dO,  dP = dO V_j^T,  dS = P (dP - D),  dK_j += scale dS^T Q,
 //   dQ += scale dS K_j
-// through Eigen GEMMs on the tile. No L x L matrix exists; the extra memory is a few tiles
-// per thread plus O(batch * heads * q_len) row statistics.
+// through the register-blocked tile products (micro_kernel.hpp) on the tile. No L x L matrix
+// exists; the extra memory is a few tiles per thread plus O(batch * heads * q_len) row statistics.
 //
 // Determinism: an item owns the dK/dV rows of its keys and, per key chunk, its own dQ
 // accumulator, so there are no floating-point atomics; chunk accumulators are added in
@@ -52,6 +52,13 @@ struct backward_config {
 struct backward_workspace {
   aligned_buffer<float> dp;  // (rows, block_k) in the score tile's layout: dP, then dS
   aligned_buffer<float> k;   // (block_k, padded D) a K tile with excluded rows zeroed
+  // The item's query rows that meet its keys, of every head of the group, packed as columns
+  // (pack_columns, leading dimension ld_cols): Q (D columns per head) and dO (Dv columns).
+  aligned_buffer<float> q_cols, do_cols;
+  index_t ld_cols = 0, cols_row0 = 0;  // ... holding the rows [cols_row0, cols_row0 + ld_cols)
+  // Q and dO rows of a query tile with padded strides, for head dimensions that are not
+  // whole packets (the products read whole packets of each row).
+  aligned_buffer<float> q_rows, do_rows;
   void reserve(index_t d) {
     dp.reserve(static_cast<std::size_t>(workspace::rows * kernel_config::block_k));
     k.reserve(
@@ -64,9 +71,10 @@ inline backward_workspace& thread_backward_workspace() {
   return w;
 }
 
-/// The far-tile bound of the backward (docs/far-tile-skipping.md, "In the backward pass"). The forward's logsumexp
-/// is the row's exact normalizer, so for a key tile entirely on one side of query row i,
-/// nearest distance dn, the weight of that tile and of every farther key on that side is
+/// The far-tile bound of the backward (docs/far-tile-skipping.md, "In the backward pass"). The
+/// forward's logsumexp is the row's exact normalizer, so for a key tile entirely on one side of
+/// query row i, nearest distance dn, the weight of that tile and of every farther key on that side
+/// is
 ///   sum P_ij <= exp(|scale| |q_i| kmax - slope dn - lse_i) / (1 - exp(-slope))
 /// (kmax bounds the norms of those keys: prefix/suffix maxima). A (query tile, key tile)
 /// pair is skipped when that is <= 2^-25 for every row of the tile; with dslopes asked for,
@@ -147,6 +155,94 @@ inline void rows_meeting(const attention_problem& p, index_t b, index_t j0, inde
   hi = a;
 }
 
+/// x's rows (n, cols) (row stride ldx) where the products may read whole packets of each
+/// row: in place when cols is whole packets, else copied into buf with a padded stride.
+/// Returns the rows' pointer; ld receives their stride.
+inline const float* packet_rows_of(const float* x, index_t ldx, index_t n, index_t cols,
+                                   aligned_buffer<float>& buf, index_t& ld) {
+  if (cols % lanes == 0) {
+    ld = ldx;
+    return x;
+  }
+  ld = padded_stride(cols);
+  buf.reserve(static_cast<std::size_t>(std::max<index_t>(n, 1) * ld));
+  for (index_t t = 0; t < n; ++t) std::copy(x + t * ldx, x + t * ldx + cols, buf.data() + t * ld);
+  return buf.data();
+}
+
+/// The fast path of backward_tile for a column-major tile: the five products by the
+/// register-blocked tile_product (micro_kernel.hpp), each with its operands in place or
+/// packed once per item, and the gradients written as transposed column-major products
+/// (dV^T += dO^T P, dK^T += Q^T dS, dQ^T += K^T dS^T: their rows are the head dimension,
+/// their columns the keys or query rows).
+inline void backward_tile_products(const backward_inputs& in, const backward_item& item,
+                                   const item_rows& it, const score_tile_view& tile,
+                                   const const_rows_map& qm, const const_rows_map& dom,
+                                   workspace& ws, backward_workspace& bws) {
+  const attention_problem& p = *in.p;
+  const index_t ra = tile.ra, m = tile.m, bk = tile.bk, d = p.head_dim, dv = p.v_head_dim;
+  const index_t b = it.b, h = it.h, i0 = it.i0, lds = tile.lds;
+  const float* delta = in.delta + (b * p.q_heads + h) * p.q_len + i0 + ra;  // (m)
+  const auto ld_of = [](const auto& t) { return t.strides[2]; };
+  // K and V rows of the tile (bk, D) and (bk, Dv); excluded keys are unused memory (they
+  // may hold NaN): their rows are zeroed in copies, so that they stay out of the products
+  // (their probabilities and score gradients are exact zeros).
+  const float* k_rows = in.k.ptr(b, it.hk, tile.j0);
+  const float* v_rows = in.v.ptr(b, it.hk, tile.j0);
+  index_t ldk = ld_of(in.k), ldv = ld_of(in.v);
+  if (ws.bad_count > 0 || d % lanes != 0) {
+    const index_t ld = padded_stride(std::max<index_t>(d, 1));
+    rows_map kz(bws.k.data(), bk, d, Eigen::OuterStride<>(ld));
+    kz = const_rows_map(k_rows, bk, d, Eigen::OuterStride<>(ldk));
+    for (index_t u = 0; u < ws.bad_count; ++u) kz.row(ws.bad[u]).setZero();
+    k_rows = kz.data();
+    ldk = ld;
+  }
+  if (ws.bad_count > 0) {
+    const index_t ld = padded_stride(std::max<index_t>(dv, 1));
+    rows_map vz(ws.tile_v(dv), bk, dv, Eigen::OuterStride<>(ld));
+    vz = const_rows_map(v_rows, bk, dv, Eigen::OuterStride<>(ldv));
+    for (index_t u = 0; u < ws.bad_count; ++u) vz.row(ws.bad[u]).setZero();
+    v_rows = vz.data();
+    ldv = ld;
+  }
+  float* s = ws.s.data();
+  float* dp = bws.dp.data();
+  const index_t row0 = i0 + ra - bws.cols_row0;  // the tile's first row in the packed columns
+  const float* do_cols = bws.do_cols.data() + (h - it.hk * p.group_size()) * dv * bws.ld_cols;
+  // dP = dO V^T (m, bk); its padding rows are scratch (dO's packed padding rows are 0).
+  tile_product<false, true>(m, bk, dv, do_cols + row0, bws.ld_cols, v_rows, ldv, dp, lds, nullptr,
+                            false);
+  index_t ld_do, ld_q;
+  const float* do_rows =
+      packet_rows_of(dom.row(ra).data(), dom.outerStride(), m, dv, bws.do_rows, ld_do);
+  const float* q_rows = packet_rows_of(qm.row(ra).data(), qm.outerStride(), m, d, bws.q_rows, ld_q);
+  // dV^T (Dv, bk) += dO^T P.
+  rows_map dvm(in.dv.ptr(b, it.hk, tile.j0), bk, dv, Eigen::OuterStride<>(ld_of(in.dv)));
+  tile_product<true, true>(dv, bk, m, do_rows, ld_do, s, lds, dvm.data(), dvm.outerStride(),
+                           nullptr, true);
+  // dS = P (dP - D): exact zeros where P is (masked pairs), since dP is finite there.
+  cols_map pm(s, m, bk, Eigen::OuterStride<>(lds)), dsm(dp, m, bk, Eigen::OuterStride<>(lds));
+  dsm.array() = pm.array() * (dsm.array().colwise() - Eigen::Map<const Eigen::ArrayXf>(delta, m));
+  if (item.dslopes) {
+    const index_t qp0 = p.q_offset(b) + i0 + ra, kp0 = p.k_offset(b) + tile.j0;
+    double dslope = 0.0;
+    for (index_t j = 0; j < bk; ++j)
+      for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) {
+        const index_t x = qp0 + t - (kp0 + j);
+        dslope -= static_cast<double>(dsm(t, j)) * static_cast<double>(x < 0 ? -x : x);
+      }
+    item.dslopes[h - it.hk * p.group_size()] += dslope;
+  }
+  dsm *= p.scale;
+  // dK^T (D, bk) += Q^T dS; dQ^T (D, m) += K^T dS^T.
+  rows_map dkm(in.dk.ptr(b, it.hk, tile.j0), bk, d, Eigen::OuterStride<>(ld_of(in.dk)));
+  tile_product<true, true>(d, bk, m, q_rows, ld_q, dp, lds, dkm.data(), dkm.outerStride(), nullptr,
+                           true);
+  float* dq = item.dq.ptr(b, h, i0 + ra);
+  tile_product<true, false>(d, m, bk, k_rows, ldk, dp, lds, dq, ld_of(item.dq), nullptr, true);
+}
+
 /// The backward of one (query tile, key tile) pair whose probabilities are in ws.s.
 /// Fast path: three GEMMs and two element-wise passes. `careful` (inputs with non-finite
 /// values): only the allowed pairs of the tile contribute, element by element, so a NaN
@@ -192,6 +288,10 @@ inline void backward_tile(const backward_inputs& in, const backward_item& item, 
     return;
   }
 
+  if (!tile.by_rows) {
+    backward_tile_products(in, item, it, tile, qm, dom, ws, bws);
+    return;
+  }
   // Excluded keys are unused memory (they may hold NaN): their K and V rows stay out of the
   // products (their probabilities and score gradients are exact zeros).
   rows_map kz(bws.k.data(), bk, d, Eigen::OuterStride<>(padded_stride(std::max<index_t>(d, 1))));
@@ -230,12 +330,8 @@ inline void backward_tile(const backward_inputs& in, const backward_item& item, 
     else
       dqm.noalias() += dpm * km;
   };
-  if (tile.by_rows)
-    run(rows_map(s, m, bk, Eigen::OuterStride<>(tile.lds)),
-        rows_map(dp, m, bk, Eigen::OuterStride<>(tile.lds)));
-  else
-    run(cols_map(s, m, bk, Eigen::OuterStride<>(tile.lds)),
-        cols_map(dp, m, bk, Eigen::OuterStride<>(tile.lds)));
+  run(rows_map(s, m, bk, Eigen::OuterStride<>(tile.lds)),
+      rows_map(dp, m, bk, Eigen::OuterStride<>(tile.lds)));
 }
 
 /// Replaces the scores of a tile by the probabilities 2^(s - lse2) against the forward's
@@ -284,6 +380,30 @@ inline bool pair_negligible(const backward_inputs& in, const backward_skip& skip
   return true;
 }
 
+/// Packs the Q and dO rows of every head of the item's group that meet the item's keys as
+/// columns (bws.q_cols, bws.do_cols): the A operands of the tiles' Q K^T and dO V^T, packed
+/// once per item rather than once per (query tile, key tile) pair.
+inline void pack_item_columns(const backward_inputs& in, const backward_item& item,
+                              backward_workspace& bws) {
+  const attention_problem& p = *in.p;
+  const index_t g = p.group_size(), d = p.head_dim, dv = p.v_head_dim;
+  index_t lo, hi;
+  rows_meeting(p, item.b, item.kb, item.ke, lo, hi);
+  hi = std::max(lo, hi);
+  // Room for a query tile's packet padding past the last row (zeros).
+  bws.ld_cols = padded_stride(hi - lo) + 16;
+  bws.cols_row0 = lo;
+  bws.q_cols.reserve(static_cast<std::size_t>(g * std::max<index_t>(d, 1) * bws.ld_cols));
+  bws.do_cols.reserve(static_cast<std::size_t>(g * std::max<index_t>(dv, 1) * bws.ld_cols));
+  for (index_t u = 0; u < g; ++u) {
+    const index_t h = item.hk * g + u;
+    pack_columns(in.q.ptr(item.b, h, lo), in.q.strides[2], hi - lo, d, bws.ld_cols,
+                 bws.q_cols.data() + u * d * bws.ld_cols, bws.ld_cols);
+    pack_columns(in.dout.ptr(item.b, h, lo), in.dout.strides[2], hi - lo, dv, bws.ld_cols,
+                 bws.do_cols.data() + u * dv * bws.ld_cols, bws.ld_cols);
+  }
+}
+
 /// One item: every key tile of [kb, ke) against every query tile of the group's heads.
 inline void backward_item_run(const backward_inputs& in, const backward_item& item, bool careful,
                               index_t& computed, index_t& skipped) {
@@ -294,6 +414,7 @@ inline void backward_item_run(const backward_inputs& in, const backward_item& it
   ws.reserve(dv);
   backward_workspace& bws = thread_backward_workspace();
   bws.reserve(d);
+  pack_item_columns(in, item, bws);
   for (index_t j0 = item.kb; j0 < item.ke; j0 += cfg::block_k) {
     const index_t j1 = std::min(item.ke, j0 + cfg::block_k);
     index_t lo, hi;
@@ -315,7 +436,10 @@ inline void backward_item_run(const backward_inputs& in, const backward_item& it
                            Eigen::OuterStride<>(in.dout.strides[2]));
         score_tile_view tile;
         const kv_tile kv = kv_source<float>{in.k, in.v}.tile(b, item.hk, j0, j1 - j0);
-        if (!compute_score_tile(it, qm, kv, j0, false, ws, tile)) continue;
+        const float* q_cols = bws.q_cols.data() + (h - item.hk * g) * d * bws.ld_cols;
+        if (!compute_score_tile(it, qm, kv, j0, false, ws, tile, q_cols + (i0 - bws.cols_row0),
+                                bws.ld_cols))
+          continue;
         ++computed;
         probabilities_from_lse(in, it, tile, ws);
         backward_tile(in, item, it, tile, qm, dom, careful, ws, bws);

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // The kernel of alibi::backend::eigen (<alibi/backend/eigen/attention.hpp>): the fused CPU
 // attention. Flash-attention style: per (batch, head, query tile) it streams key tiles, S = Q K^T
-// through Eigen's GEMM, adds the ALiBi bias and the masks in one pass, keeps an online softmax
-// (running max and sum) and accumulates O += P V through Eigen's GEMM. The L x L score or bias
+// through the register-blocked tile products (micro_kernel.hpp), adds the ALiBi bias and the
+// masks in one pass, keeps an online softmax (running max and sum) and accumulates O += P V
+// through the tile products. The L x L score or bias
 // matrix never exists.
 #pragma once
 
@@ -73,7 +74,8 @@ void add_bad_keys(const workspace& ws, const kv_tile& kv, const P& p, ORow&& o_r
 }
 
 /// The online-softmax step of a scored tile (softmax_tile), then the rows' accumulated
-/// output o (n, Dv) rescaled and P V added by Eigen's GEMM.
+/// output o (n, Dv) rescaled and P V added: column-major tiles by the register-blocked
+/// tile_product (the rescale applied as it loads o), row-major ones by Eigen's GEMM.
 inline void accumulate_tile(const item_rows& it, const score_tile_view& tile, const kv_tile& kv,
                             workspace& ws, cols_map& o) {
   const index_t ra = tile.ra, m = tile.m, bk = tile.bk;
@@ -81,23 +83,32 @@ inline void accumulate_tile(const item_rows& it, const score_tile_view& tile, co
   const bool rescale = softmax_tile(tile, ws);
   float* s = ws.s.data();
   auto o_act = o.middleRows(ra, m);  // (m, Dv)
-  if (rescale) o_act.array().colwise() *= Eigen::Map<const Eigen::ArrayXf>(ws.alpha.data() + ra, m);
-  const auto vm = kv.v.topRows(bk);     // (bk, Dv)
-  auto multiply = [&](const auto& p) {  // p: (m, bk) probabilities, in the tile's layout
-    if (ws.bad_count == 0) {
-      o_act.noalias() += p * vm;
-      return;
-    }
+  // V rows (bk, Dv), with the rows that must stay out of P V zeroed (ws.bad) in a copy.
+  const float* v = kv.v.data();
+  index_t ldv = kv.v.outerStride();
+  if (ws.bad_count > 0) {
     rows_map vc(ws.tile_v(dv), bk, dv, Eigen::OuterStride<>(padded_stride(dv)));
-    vc = vm;
+    vc = kv.v.topRows(bk);
     for (index_t u = 0; u < ws.bad_count; ++u) vc.row(ws.bad[u]).setZero();
-    o_act.noalias() += p * vc;
-    add_bad_keys(ws, kv, p, [&](index_t t) { return o_act.row(t); });
-  };
-  if (tile.by_rows)
-    multiply(rows_map(s, m, bk, Eigen::OuterStride<>(tile.lds)));
-  else
-    multiply(cols_map(s, m, bk, Eigen::OuterStride<>(tile.lds)));
+    v = vc.data();
+    ldv = vc.outerStride();
+  }
+  if (!tile.by_rows) {
+    // The padding rows of P are zeros in the score tile's scratch rows; o's rows past the
+    // tile are other rows of the item (exact_rows).
+    tile_product<true, false>(m, dv, bk, s, tile.lds, v, ldv, o_act.data(), o.outerStride(),
+                              rescale ? ws.alpha.data() + ra : nullptr, true);
+    if (ws.bad_count > 0)
+      add_bad_keys(
+          ws, kv, [&](index_t t, index_t j) { return s[j * tile.lds + t]; },
+          [&](index_t t) { return o_act.row(t); });
+    return;
+  }
+  if (rescale) o_act.array().colwise() *= Eigen::Map<const Eigen::ArrayXf>(ws.alpha.data() + ra, m);
+  const rows_map p(s, m, bk, Eigen::OuterStride<>(tile.lds));  // (m, bk) probabilities
+  o_act.noalias() += p * Eigen::Map<const row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>(
+                             v, bk, dv, Eigen::OuterStride<>(ldv));
+  if (ws.bad_count > 0) add_bad_keys(ws, kv, p, [&](index_t t) { return o_act.row(t); });
 }
 
 /// Far-tile skipping for one item (ALiBi-specific; the bound is detail::far_tile_bound):
@@ -419,6 +430,8 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
     const item_rows it = prepare_rows(p, b, h0 + u, i0, n, kb, ke, ws);
     heads.push_back(head_pass{it, far_tile_skipper(it, q_rows(h0 + u), norms, ws), &ws});
     o_rows(heads.back()).setZero();
+    if constexpr (!Small)
+      pack_columns(q.ptr(b, h0 + u, i0), q.strides[2], n, d, ws.ld(), ws.q_cols(d), ws.ld());
   }
   // The key ranges, hence ub, ue and the visiting order, do not depend on the head.
   const item_rows& it0 = heads.front().it;
@@ -475,7 +488,8 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
       for (head_pass& hp : heads) {
         if (hp.*done) continue;
         score_tile_view tile;
-        if (!compute_score_tile(hp.it, q_rows(hp.it.h), tile_kv, j0, careful, *hp.ws, tile))
+        if (!compute_score_tile(hp.it, q_rows(hp.it.h), tile_kv, j0, careful, *hp.ws, tile,
+                                hp.ws->q.data(), hp.ws->ld()))
           continue;
         ++hp.tiles_done;
         cols_map o = o_rows(hp);

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // The score tile of the eigen backend's kernels, shared by the forward and the backward: a
 // work item's rows and their allowed keys (item_rows, prepare_rows), and one tile's base-2
-// scores scale * q.k + bias with the masks applied (begin_score_tile, Q K^T through Eigen's
-// GEMM, finish_score_tile), plus the per-thread workspace and the statistics counters.
+// scores scale * q.k + bias with the masks applied (begin_score_tile, Q K^T through the
+// register-blocked tile_product or Eigen's GEMM, finish_score_tile), plus the per-thread workspace
+// and the statistics counters.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include "alibi/attention.hpp"
 #include "alibi/backend/eigen/kv_tiles.hpp"
+#include "alibi/backend/host/micro_kernel.hpp"
 #include "alibi/backend/host/simd.hpp"
 #include "alibi/backend/host/workspace.hpp"
 #include "alibi/numerics/online_softmax.hpp"
@@ -226,12 +228,20 @@ inline void finish_score_tile(const item_rows& it, const score_tile_view& tile, 
 /// key, into ws.s, and each row's maximum into ws.mx[ra..] (begin_score_tile, the Q K^T
 /// product by Eigen's GEMM, finish_score_tile). kv holds the tile's keys [j0, j0 + bk) in
 /// fp32. Returns false when no row of the item meets the tile.
+/// q_cols: nullptr, or the item's query rows packed by pack_columns (leading dimension
+/// ldq, zeros past the item's rows), for the column-major tiles' product by the
+/// register-blocked tile_product.
 inline bool compute_score_tile(const item_rows& it, const const_rows_map& qm, const kv_tile& kv,
-                               index_t j0, bool careful, workspace& ws, score_tile_view& tile) {
+                               index_t j0, bool careful, workspace& ws, score_tile_view& tile,
+                               const float* q_cols = nullptr, index_t ldq = 0) {
   if (!begin_score_tile(it, kv, j0, careful, false, ws, tile)) return false;
   const auto km = kv.k.topRows(tile.bk);  // (bk, D)
   float* s = ws.s.data();
-  if (tile.by_rows)
+  if (q_cols && !tile.by_rows)
+    // Rows [m, packet_rows(m)) of the tile are scratch (finish_score_tile masks them).
+    tile_product<false, true>(tile.m, tile.bk, qm.cols(), q_cols + tile.ra, ldq, km.data(),
+                              km.outerStride(), s, tile.lds, nullptr, false);
+  else if (tile.by_rows)
     rows_map(s, tile.m, tile.bk, Eigen::OuterStride<>(tile.lds)).noalias() =
         qm.middleRows(tile.ra, tile.m) * km.transpose();
   else

@@ -163,6 +163,7 @@ struct workspace {
   aligned_buffer<float> s;  // (capacity, block_k) column-major: scores, then probabilities
   aligned_buffer<float> o;  // (capacity, Dv) column-major: unnormalized output
   aligned_buffer<float> v;  // (block_k, padded Dv) a V tile with unusable rows zeroed
+  aligned_buffer<float> q;  // (capacity, D) column-major: the item's query rows (q_cols)
   // Per query row of the item (capacity):
   aligned_buffer<float> base, shift_f, mx, m_use, alpha, lsum, qnorm;
   aligned_buffer<softmax_state> state;
@@ -188,6 +189,13 @@ struct workspace {
     state.reserve(r);
     for (auto* a : {&shift, &begin, &end}) a->reserve(r);
     for (auto* a : {&c0, &c1, &bad}) a->reserve(bk);
+  }
+
+  /// The item's query rows packed as columns (pack_columns: (ld(), D) column-major),
+  /// allocated on first use.
+  float* q_cols(index_t d) {
+    q.reserve(static_cast<std::size_t>(ld() * std::max<index_t>(d, 1)));
+    return q.data();
   }
 
   /// The V-tile scratch (block_k, padded Dv), allocated on first use: only tiles with keys
