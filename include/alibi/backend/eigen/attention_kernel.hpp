@@ -111,6 +111,14 @@ inline void accumulate_tile(const item_rows& it, const score_tile_view& tile, co
   if (ws.bad_count > 0) add_bad_keys(ws, kv, p, [&](index_t t) { return o_act.row(t); });
 }
 
+/// Requests the rows (n, cols) of x into L2 (a prefetch of every 64-byte line).
+template <class T>
+void request_rows(const tile_rows<T>& x, index_t n, index_t cols) {
+  constexpr index_t line = 64 / sizeof(T);
+  for (index_t r = 0; r < n; ++r)
+    for (index_t c = 0; c < cols; c += line) __builtin_prefetch(x.data + r * x.ld + c, 0, 2);
+}
+
 /// Far-tile skipping for one item (ALiBi-specific; the bound is detail::far_tile_bound):
 /// whether the keys left on one side are negligible for every row.
 class far_tile_skipper {
@@ -485,6 +493,15 @@ void attend_heads(const attention_problem& p, const tensor_view<const float, 4>&
       ahead.finish();
     } else {
       const kv_tile tile_kv = kv.tile(b, it0.hk, j0, n_keys);
+      // The next tile's K and V rows are requested into L2 before this tile's products: the
+      // products read K and V in place, and a long sequence's K/V are not in the caches (the
+      // items of one head run far apart). A tile's products take far longer than its K/V
+      // take to arrive, so a burst of requests at its start costs little.
+      if (next_j0 >= 0 && std::is_same<T, float>::value && !kv.blocked()) {
+        const index_t next_keys = std::min(bk, it0.ue - next_j0);
+        request_rows(kv.rows(true, b, it0.hk, next_j0), next_keys, d);
+        request_rows(kv.rows(false, b, it0.hk, next_j0), next_keys, dv);
+      }
       for (head_pass& hp : heads) {
         if (hp.*done) continue;
         score_tile_view tile;
