@@ -3,8 +3,7 @@
 // attention. Flash-attention style: per (batch, head, query tile) it streams key tiles, S = Q K^T
 // through the register-blocked tile products (micro_kernel.hpp), adds the ALiBi bias and the
 // masks in one pass, keeps an online softmax (running max and sum) and accumulates O += P V
-// through the tile products. The L x L score or bias
-// matrix never exists.
+// through the tile products. The L x L score or bias matrix never exists.
 #pragma once
 
 #include <algorithm>
