@@ -170,6 +170,23 @@ inline const float* packet_rows_of(const float* x, index_t ldx, index_t n, index
   return buf.data();
 }
 
+/// Adds the tile's contribution to its head's d(slope): -sum of dS(t, j) |q_pos - k_pos|
+/// over the allowed pairs (ws.c0/c1), in double. ds(t, j): the score gradient before the
+/// scale.
+template <class DS>
+void add_dslope(const backward_item& item, const item_rows& it, const score_tile_view& tile,
+                const workspace& ws, const DS& ds) {
+  const attention_problem& p = *it.p;
+  const index_t qp0 = p.q_offset(it.b) + it.i0 + tile.ra, kp0 = p.k_offset(it.b) + tile.j0;
+  double dslope = 0.0;
+  for (index_t j = 0; j < tile.bk; ++j)
+    for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) {
+      const index_t x = qp0 + t - (kp0 + j);
+      dslope -= static_cast<double>(ds(t, j)) * static_cast<double>(x < 0 ? -x : x);
+    }
+  item.dslopes[it.h - it.hk * p.group_size()] += dslope;
+}
+
 /// The fast path of backward_tile for a column-major tile: the five products by the
 /// register-blocked tile_product (micro_kernel.hpp), each with its operands in place or
 /// packed once per item, and the gradients written as transposed column-major products
@@ -224,16 +241,7 @@ inline void backward_tile_products(const backward_inputs& in, const backward_ite
   // dS = P (dP - D): exact zeros where P is (masked pairs), since dP is finite there.
   cols_map pm(s, m, bk, Eigen::OuterStride<>(lds)), dsm(dp, m, bk, Eigen::OuterStride<>(lds));
   dsm.array() = pm.array() * (dsm.array().colwise() - Eigen::Map<const Eigen::ArrayXf>(delta, m));
-  if (item.dslopes) {
-    const index_t qp0 = p.q_offset(b) + i0 + ra, kp0 = p.k_offset(b) + tile.j0;
-    double dslope = 0.0;
-    for (index_t j = 0; j < bk; ++j)
-      for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) {
-        const index_t x = qp0 + t - (kp0 + j);
-        dslope -= static_cast<double>(dsm(t, j)) * static_cast<double>(x < 0 ? -x : x);
-      }
-    item.dslopes[h - it.hk * p.group_size()] += dslope;
-  }
+  if (item.dslopes) add_dslope(item, it, tile, ws, dsm);
   dsm *= p.scale;
   // dK^T (D, bk) += Q^T dS; dQ^T (D, m) += K^T dS^T.
   rows_map dkm(in.dk.ptr(b, it.hk, tile.j0), bk, d, Eigen::OuterStride<>(ld_of(in.dk)));
@@ -316,13 +324,7 @@ inline void backward_tile(const backward_inputs& in, const backward_item& item, 
     dvm.noalias() += pm.transpose() * do_act;
     // dS = P (dP - D): exact zeros where P is (masked pairs), since dP is finite there.
     dpm.array() = pm.array() * (dpm.array().colwise() - delta_m);
-    if (item.dslopes) {
-      double dslope = 0.0;
-      for (index_t j = 0; j < bk; ++j)
-        for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t)
-          dslope -= static_cast<double>(dpm(t, j)) * distance(t, j);
-      item.dslopes[h - it.hk * p.group_size()] += dslope;
-    }
+    if (item.dslopes) add_dslope(item, it, tile, ws, dpm);
     dpm *= p.scale;
     dkm.noalias() += dpm.transpose() * q_act;
     if (zeroed)
