@@ -204,25 +204,14 @@ inline void backward_tile_products(const backward_inputs& in, const backward_ite
   // K and V rows of the tile (bk, D) and (bk, Dv); excluded keys are unused memory (they
   // may hold NaN): their rows are zeroed in copies, so that they stay out of the products
   // (their probabilities and score gradients are exact zeros).
-  const float* k_rows = in.k.ptr(b, it.hk, tile.j0);
-  const float* v_rows = in.v.ptr(b, it.hk, tile.j0);
-  index_t ldk = ld_of(in.k), ldv = ld_of(in.v);
-  if (ws.bad_count > 0 || d % lanes != 0) {
-    const index_t ld = padded_stride(std::max<index_t>(d, 1));
-    rows_map kz(bws.k.data(), bk, d, Eigen::OuterStride<>(ld));
-    kz = const_rows_map(k_rows, bk, d, Eigen::OuterStride<>(ldk));
-    for (index_t u = 0; u < ws.bad_count; ++u) kz.row(ws.bad[u]).setZero();
-    k_rows = kz.data();
-    ldk = ld;
-  }
-  if (ws.bad_count > 0) {
-    const index_t ld = padded_stride(std::max<index_t>(dv, 1));
-    rows_map vz(ws.tile_v(dv), bk, dv, Eigen::OuterStride<>(ld));
-    vz = const_rows_map(v_rows, bk, dv, Eigen::OuterStride<>(ldv));
-    for (index_t u = 0; u < ws.bad_count; ++u) vz.row(ws.bad[u]).setZero();
-    v_rows = vz.data();
-    ldv = ld;
-  }
+  // K is also copied when D is not whole packets: dQ^T's rows are the head dimension.
+  const tile_rows<float> kr = rows_for_products(
+      in.k.ptr(b, it.hk, tile.j0), ld_of(in.k), bk, d, ws, [&] { return bws.k.data(); },
+      d % lanes != 0);
+  const tile_rows<float> vr = rows_for_products(in.v.ptr(b, it.hk, tile.j0), ld_of(in.v), bk, dv,
+                                                ws, [&] { return ws.tile_v(dv); });
+  const float *k_rows = kr.data, *v_rows = vr.data;
+  const index_t ldk = kr.ld, ldv = vr.ld;
   float* s = ws.s.data();
   float* dp = bws.dp.data();
   const index_t row0 = i0 + ra - bws.cols_row0;  // the tile's first row in the packed columns
@@ -302,35 +291,24 @@ inline void backward_tile(const backward_inputs& in, const backward_item& item, 
   }
   // Excluded keys are unused memory (they may hold NaN): their K and V rows stay out of the
   // products (their probabilities and score gradients are exact zeros).
-  rows_map kz(bws.k.data(), bk, d, Eigen::OuterStride<>(padded_stride(std::max<index_t>(d, 1))));
-  rows_map vz(ws.tile_v(dv), bk, dv, Eigen::OuterStride<>(padded_stride(std::max<index_t>(dv, 1))));
-  const bool zeroed = ws.bad_count > 0;
-  if (zeroed) {
-    kz = km;
-    vz = vm;
-    for (index_t u = 0; u < ws.bad_count; ++u) {
-      kz.row(ws.bad[u]).setZero();
-      vz.row(ws.bad[u]).setZero();
-    }
-  }
+  const tile_rows<float> kr =
+      rows_for_products(km.data(), km.outerStride(), bk, d, ws, [&] { return bws.k.data(); });
+  const tile_rows<float> vr =
+      rows_for_products(vm.data(), vm.outerStride(), bk, dv, ws, [&] { return ws.tile_v(dv); });
+  const const_rows_map kz(kr.data, bk, d, Eigen::OuterStride<>(kr.ld));   // (bk, D)
+  const const_rows_map vz(vr.data, bk, dv, Eigen::OuterStride<>(vr.ld));  // (bk, Dv)
   float* s = ws.s.data();
   float* dp = bws.dp.data();
   const Eigen::Map<const Eigen::ArrayXf> delta_m(delta, m);
   auto run = [&](auto pm, auto dpm) {  // P and dP/dS maps (m, bk) in the tile's layout
-    if (zeroed)
-      dpm.noalias() = do_act * vz.transpose();
-    else
-      dpm.noalias() = do_act * vm.transpose();
+    dpm.noalias() = do_act * vz.transpose();
     dvm.noalias() += pm.transpose() * do_act;
     // dS = P (dP - D): exact zeros where P is (masked pairs), since dP is finite there.
     dpm.array() = pm.array() * (dpm.array().colwise() - delta_m);
     if (item.dslopes) add_dslope(item, it, tile, ws, dpm);
     dpm *= p.scale;
     dkm.noalias() += dpm.transpose() * q_act;
-    if (zeroed)
-      dqm.noalias() += dpm * kz;
-    else
-      dqm.noalias() += dpm * km;
+    dqm.noalias() += dpm * kz;
   };
   run(rows_map(s, m, bk, Eigen::OuterStride<>(tile.lds)),
       rows_map(dp, m, bk, Eigen::OuterStride<>(tile.lds)));

@@ -83,15 +83,10 @@ inline void accumulate_tile(const item_rows& it, const score_tile_view& tile, co
   float* s = ws.s.data();
   auto o_act = o.middleRows(ra, m);  // (m, Dv)
   // V rows (bk, Dv), with the rows that must stay out of P V zeroed (ws.bad) in a copy.
-  const float* v = kv.v.data();
-  index_t ldv = kv.v.outerStride();
-  if (ws.bad_count > 0) {
-    rows_map vc(ws.tile_v(dv), bk, dv, Eigen::OuterStride<>(padded_stride(dv)));
-    vc = kv.v.topRows(bk);
-    for (index_t u = 0; u < ws.bad_count; ++u) vc.row(ws.bad[u]).setZero();
-    v = vc.data();
-    ldv = vc.outerStride();
-  }
+  const tile_rows<float> vr =
+      rows_for_products(kv.v.data(), kv.v.outerStride(), bk, dv, ws, [&] { return ws.tile_v(dv); });
+  const float* v = vr.data;
+  const index_t ldv = vr.ld;
   if (!tile.by_rows) {
     // The padding rows of P are zeros in the score tile's scratch rows; o's rows past the
     // tile are other rows of the item (exact_rows).

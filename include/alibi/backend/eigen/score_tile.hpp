@@ -179,6 +179,21 @@ inline bool begin_score_tile(const item_rows& it, const kv_tile& kv, index_t j0,
   return true;
 }
 
+/// The rows (n, cols) of a tile's K or V (row stride ld) as its products read them: in
+/// place, or, when some must stay out of the products (the keys in ws.bad: their rows are
+/// unused memory or non-finite) or `copy` asks for it, copied into dst() (row stride
+/// padded_stride(cols)) with those rows zeroed.
+template <class Dst>
+tile_rows<float> rows_for_products(const float* x, index_t ld, index_t n, index_t cols,
+                                   const workspace& ws, Dst&& dst, bool copy = false) {
+  if (ws.bad_count == 0 && !copy) return {x, ld};
+  const index_t ldc = padded_stride(std::max<index_t>(cols, 1));
+  rows_map c(dst(), n, cols, Eigen::OuterStride<>(ldc));
+  c = const_rows_map(x, n, cols, Eigen::OuterStride<>(ld));
+  for (index_t u = 0; u < ws.bad_count; ++u) c.row(ws.bad[u]).setZero();
+  return {c.data(), ldc};
+}
+
 /// The last step of a score tile: ws.s holds the dot products q.k of the tile's rows and
 /// keys (in the tile's layout); turns them into the base-2 scores scale * q.k + bias, -inf
 /// where a mask excludes the key, and each row's maximum into ws.mx[ra..].
