@@ -6,7 +6,8 @@
 // the nearest to the farthest, head after head, and keeps the online softmax per row. Items
 // of a few rows (decode steps) read K and V in place with the decode products of
 // small_rows.hpp, page run by page run; items of ragged_gemm_rows rows or more (prefill
-// chunks) multiply with Eigen on a widened copy of each tile. Never a whole dequantized copy.
+// chunks) multiply with the register-blocked tile products (micro_kernel.hpp) on a widened
+// copy of each tile. Never a whole dequantized copy.
 // Header-only (it compiles in the caller's file, also where alibi::kernels is linked).
 #pragma once
 
@@ -19,6 +20,7 @@
 #include <Eigen/Core>
 
 #include "alibi/backend/eigen/attention.hpp"
+#include "alibi/backend/host/micro_kernel.hpp"
 #include "alibi/backend/host/parallel.hpp"
 #include "alibi/backend/host/simd.hpp"
 #include "alibi/backend/host/small_rows.hpp"
@@ -34,9 +36,9 @@ namespace cpu {
 inline namespace ALIBI_CPU_ISA {
 
 /// Per-thread scratch of the ragged kernel, 64-byte aligned with padded leading dimensions
-/// so that every thread's Eigen products sum in the same order (workspace's why).
+/// (workspace's why). kt, vt: a tile's K and V rows widened to fp32; kc: kt as columns.
 struct ragged_scratch {
-  aligned_buffer<float> q, s, p8, o, qnorm, scales, kt, vt;
+  aligned_buffer<float> q, s, p8, o, qnorm, scales, kt, kc, vt;
   aligned_buffer<softmax_state> state;
   aligned_buffer<row_frame> frames;
   aligned_buffer<const float*> q_rows;
@@ -49,9 +51,10 @@ inline ragged_scratch& ragged_scratch_for_thread() {
   return scratch;
 }
 
-/// Rows (positions x the heads of a GQA group) from which a work item's products are Eigen
-/// GEMMs over a widened copy of each tile instead of the decode products (small_rows.hpp),
-/// which read K and V in place but only reach GEMM speed for a few rows.
+/// Rows (positions x the heads of a GQA group) from which a work item's products are the
+/// register-blocked tile products over a widened copy of each tile instead of the decode
+/// products (small_rows.hpp), which read K and V in place but only reach GEMM speed for a
+/// few rows.
 inline constexpr index_t ragged_gemm_rows = 32;
 
 /// Query positions per work item for a sequence bringing q_len rows: the heads of a GQA group
@@ -165,6 +168,7 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
   const bool gemm = Rg >= ragged_gemm_rows;
   if (gemm) {
     w.kt.reserve(static_cast<std::size_t>(ragged_key_tile * ldq));
+    w.kc.reserve(static_cast<std::size_t>(D * lds));
     w.vt.reserve(static_cast<std::size_t>(ragged_key_tile * ldo));
   }
   w.qnorm.reserve(rr);
@@ -279,18 +283,17 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
       float* const* orows = w.o_rows.data() + u * Rg;
       if (gemm) {
         // S = Q K^T through a widened copy of the tile (int8 scales applied in the copy).
-        using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-        using cmap = Eigen::Map<const row_major, Eigen::Unaligned, Eigen::OuterStride<>>;
-        using mmap = Eigen::Map<row_major, Eigen::Unaligned, Eigen::OuterStride<>>;
         for (index_t j = 0; j < c; ++j) {
           widen_row(rows.k(s, g, t0 + j), is_int8_kv<T> ? rows.k_scale(s, g, t0 + j) : 1.0f,
                     w.kt.data() + j * ldq, D);
           widen_row(rows.v(s, g, t0 + j), is_int8_kv<T> ? rows.v_scale(s, g, t0 + j) : 1.0f,
                     w.vt.data() + j * ldo, Dv);
         }
-        mmap(w.s.data() + u * Rg * lds, Rg, c, Eigen::OuterStride<>(lds)).noalias() =
-            cmap(w.q.data() + u * Rg * ldq, Rg, D, Eigen::OuterStride<>(ldq)) *
-            cmap(w.kt.data(), c, D, Eigen::OuterStride<>(ldq)).transpose();
+        // S^T (c, Rg) = K Q^T by the register-blocked tile_product, vectorized across the
+        // keys: its columns are the rows of the row-major S, and Q's rows are read in place.
+        pack_columns(w.kt.data(), ldq, c, D, packet_rows(c), w.kc.data(), lds);
+        tile_product<false, true>(c, Rg, D, w.kc.data(), lds, w.q.data() + u * Rg * ldq, ldq,
+                                  w.s.data() + u * Rg * lds, lds, nullptr, true);
       } else {
         // S = Q K^T, run by run, each score summed in an order of its own (small_rows.hpp):
         // the same bits whatever the runs, so pages of any size give the contiguous result.
@@ -328,12 +331,10 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
         }
       }
       if (gemm) {
-        using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-        using cmap = Eigen::Map<const row_major, Eigen::Unaligned, Eigen::OuterStride<>>;
-        using mmap = Eigen::Map<row_major, Eigen::Unaligned, Eigen::OuterStride<>>;
-        mmap(w.o.data() + u * Rg * ldo, Rg, Dv, Eigen::OuterStride<>(ldo)).noalias() +=
-            cmap(w.s.data() + u * Rg * lds, Rg, c, Eigen::OuterStride<>(lds)) *
-            cmap(w.vt.data(), c, Dv, Eigen::OuterStride<>(ldo));
+        // O^T (Dv, Rg) += V^T P^T, vectorized across the head dimension: the widened V rows
+        // are V^T's columns, and P's rows are read in place.
+        tile_product<true, true>(Dv, Rg, c, w.vt.data(), ldo, w.s.data() + u * Rg * lds, lds,
+                                 w.o.data() + u * Rg * ldo, ldo, nullptr, true);
       } else {
         // O += P V, run by run, each output element summing its keys in ascending order.
         float* const pbase = is_int8_kv<T> ? w.p8.data() : w.s.data();
