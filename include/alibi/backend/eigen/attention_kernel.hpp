@@ -395,7 +395,7 @@ void small_tile_kv_heads(std::vector<head_pass>& heads, bool head_pass::*done,
 /// [kb, ke); head h's result goes to sink_of(h) and it works in wss[h - h0]. The heads share each
 /// K/V tile: a tile is read from memory (and converted from half precision) once for all of them,
 /// which is what makes a GQA decode step stream each K/V byte once. Small calls (decoding) go
-/// through the small-row products, the others through Eigen's GEMMs one head at a time. With
+/// through the small-row products, the others through the tile products one head at a time. With
 /// far-tile skipping, tiles are visited nearest-first (the tile holding the key nearest the middle
 /// row, then outward to the left, then to the right), so that the running maxima are good before
 /// the far-tile bound is consulted, and each head stops on a side as soon as its own bound allows.
