@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <alibi/serving.hpp>
@@ -364,6 +365,26 @@ TEMPLATE_TEST_CASE("ragged: eigen matches the oracle on mixed batches of pages",
       require_close(c, false, 2);
       require_close(c, true, 1);
     }
+}
+
+TEST_CASE("ragged: prefill chunks with head dims around the tile products' register blocks",
+          "[ragged]") {
+  // Items of 32 rows or more go through the tile products: S^T = K Q^T has the tile's keys
+  // as rows (64, or the last tile's rest), O^T += V^T P^T the value head dim (whole packets
+  // plus a tail, or less than one packet); the chunks give 48-208 rows per KV head.
+  for (const auto& [d, dv] : std::vector<std::pair<index_t, index_t>>{
+           {1, 1}, {7, 5}, {40, 72}, {64, 64}, {128, 48}, {100, 130}}) {
+    CAPTURE(d, dv);
+    ragged_spec s;
+    s.seqs = {{52, 200}, {12, 77}, {33, 33}, {1, 150}};
+    s.head_dim = d;
+    s.v_head_dim = dv;
+    s.q_heads = 8;
+    s.kv_heads = 2;
+    s.seed = static_cast<unsigned>(d * 131 + dv);
+    require_close(ragged_case<float>(s), false, 2);
+    require_close(ragged_case<Eigen::half>(s), true, 1);
+  }
 }
 
 TEST_CASE("ragged: windows, caller slopes, not causal, shared prefix pages", "[ragged]") {
