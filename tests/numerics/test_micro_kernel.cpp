@@ -4,6 +4,7 @@
 // multiples of the register block), both B orientations, accumulation with and without a
 // per-row rescale, exact and scratch row tails, strides and start offsets that break the
 // vector alignment, guard elements around C, and NaN/Inf propagation.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -152,7 +153,8 @@ TEST_CASE("tile products match double for every tail shape, stride and offset", 
 TEST_CASE("tile products propagate NaN and Inf to exactly the rows and columns they reach",
           "[micro_kernel]") {
   using rb = cpu::register_block;
-  const index_t rows = rb::rows + 5, cols = rb::cols + 2, depth = 9;
+  // At least 8 rows: row 7 holds the NaN (the scalar build's register block has 2 rows).
+  const index_t rows = std::max<index_t>(rb::rows + 5, 8), cols = rb::cols + 2, depth = 9;
   const index_t ld = cpu::packet_rows(rows);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -174,4 +176,35 @@ TEST_CASE("tile products propagate NaN and Inf to exactly the rows and columns t
       else
         REQUIRE(x == Approx(depth * 0.125f));
     }
+}
+
+TEST_CASE(
+    "pack_columns transposes every block and tail, zeroes the padding rows, and writes "
+    "nothing else",
+    "[micro_kernel]") {
+  const index_t lanes = cpu::lanes;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (index_t rows : {index_t(0), index_t(1), lanes - 1, lanes, lanes + 1, 2 * lanes + 3})
+    for (index_t depth : {index_t(0), index_t(1), lanes - 1, lanes, 3 * lanes + 5})
+      for (index_t offset : {0, 1}) {
+        CAPTURE(rows, depth, offset);
+        const index_t ldx = depth + 2 + offset, pad = cpu::packet_rows(rows) + lanes;
+        const index_t ld = pad + 1 + offset;
+        std::vector<float> x(static_cast<std::size_t>(offset + rows * ldx + 1));
+        for (float& v : x) v = u(rng);
+        std::vector<float> out(static_cast<std::size_t>(offset + ld * depth + lanes), guard);
+        cpu::pack_columns(x.data() + offset, ldx, rows, depth, pad, out.data() + offset, ld);
+        bool ok = true;
+        for (index_t i = 0; i < static_cast<index_t>(out.size()); ++i) {
+          const index_t e = i - offset, k = e >= 0 ? e / ld : -1, t = e >= 0 ? e % ld : -1;
+          float want = guard;
+          if (k >= 0 && k < depth && t < rows)
+            want = x[static_cast<std::size_t>(offset + t * ldx + k)];
+          else if (k >= 0 && k < depth && t < pad)
+            want = 0.0f;
+          ok = ok && out[static_cast<std::size_t>(i)] == want;
+        }
+        REQUIRE(ok);
+      }
 }

@@ -203,12 +203,29 @@ void tile_product(index_t rows, index_t cols, index_t depth, const float* a, ind
 /// The rows [0, rows) of a row-major (rows, depth) matrix x (row stride ldx) as the columns
 /// of a column-major (pad_rows, depth) matrix (leading dimension ld): out[k * ld + t] =
 /// x(t, k), and 0 for the rows [rows, pad_rows), so that tile_product may read whole
-/// packets of rows from it.
+/// packets of rows from it. Whole (lanes x lanes) blocks go through a transpose in
+/// registers (a scalar copy of a strided column was most of what the ragged kernel spent
+/// outside its products); the rest element by element.
 inline void pack_columns(const float* x, index_t ldx, index_t rows, index_t depth, index_t pad_rows,
                          float* out, index_t ld) {
+  index_t t0 = 0;
+#if defined(EIGEN_VECTORIZE)
+  namespace ei = Eigen::internal;
+  for (; t0 + lanes <= rows; t0 += lanes) {
+    index_t k0 = 0;
+    for (; k0 + lanes <= depth; k0 += lanes) {
+      ei::PacketBlock<packet, lanes> block;  // rows t0.., then columns k0..
+      for (int i = 0; i < lanes; ++i) block.packet[i] = ei::ploadu<packet>(x + (t0 + i) * ldx + k0);
+      ei::ptranspose(block);
+      for (int i = 0; i < lanes; ++i) ei::pstoreu(out + (k0 + i) * ld + t0, block.packet[i]);
+    }
+    for (; k0 < depth; ++k0)
+      for (index_t t = t0; t < t0 + lanes; ++t) out[k0 * ld + t] = x[t * ldx + k0];
+  }
+#endif
   for (index_t k = 0; k < depth; ++k) {
     float* col = out + k * ld;
-    for (index_t t = 0; t < rows; ++t) col[t] = x[t * ldx + k];
+    for (index_t t = t0; t < rows; ++t) col[t] = x[t * ldx + k];
     std::fill(col + rows, col + pad_rows, 0.0f);
   }
 }
