@@ -241,9 +241,10 @@ inline void backward_tile_products(const backward_inputs& in, const backward_ite
 }
 
 /// The backward of one (query tile, key tile) pair whose probabilities are in ws.s.
-/// Fast path: three GEMMs and two element-wise passes. `careful` (inputs with non-finite
-/// values): only the allowed pairs of the tile contribute, element by element, so a NaN
-/// reaches exactly the gradients the mathematics sends it to.
+/// Fast path: five products (backward_tile_products for column-major tiles, Eigen's GEMM for
+/// the row-major ones of fewer rows than a packet) and two element-wise passes. `careful`
+/// (inputs with non-finite values): only the allowed pairs of the tile contribute, element
+/// by element, so a NaN reaches exactly the gradients the mathematics sends it to.
 inline void backward_tile(const backward_inputs& in, const backward_item& item, const item_rows& it,
                           const score_tile_view& tile, const const_rows_map& qm,
                           const const_rows_map& dom, bool careful, workspace& ws,
@@ -300,18 +301,16 @@ inline void backward_tile(const backward_inputs& in, const backward_item& item, 
   float* s = ws.s.data();
   float* dp = bws.dp.data();
   const Eigen::Map<const Eigen::ArrayXf> delta_m(delta, m);
-  auto run = [&](auto pm, auto dpm) {  // P and dP/dS maps (m, bk) in the tile's layout
-    dpm.noalias() = do_act * vz.transpose();
-    dvm.noalias() += pm.transpose() * do_act;
-    // dS = P (dP - D): exact zeros where P is (masked pairs), since dP is finite there.
-    dpm.array() = pm.array() * (dpm.array().colwise() - delta_m);
-    if (item.dslopes) add_dslope(item, it, tile, ws, dpm);
-    dpm *= p.scale;
-    dkm.noalias() += dpm.transpose() * q_act;
-    dqm.noalias() += dpm * kz;
-  };
-  run(rows_map(s, m, bk, Eigen::OuterStride<>(tile.lds)),
-      rows_map(dp, m, bk, Eigen::OuterStride<>(tile.lds)));
+  rows_map pm(s, m, bk, Eigen::OuterStride<>(tile.lds));    // (m, bk) P
+  rows_map dpm(dp, m, bk, Eigen::OuterStride<>(tile.lds));  // (m, bk) dP, then dS
+  dpm.noalias() = do_act * vz.transpose();
+  dvm.noalias() += pm.transpose() * do_act;
+  // dS = P (dP - D): exact zeros where P is (masked pairs), since dP is finite there.
+  dpm.array() = pm.array() * (dpm.array().colwise() - delta_m);
+  if (item.dslopes) add_dslope(item, it, tile, ws, dpm);
+  dpm *= p.scale;
+  dkm.noalias() += dpm.transpose() * q_act;
+  dqm.noalias() += dpm * kz;
 }
 
 /// Replaces the scores of a tile by the probabilities 2^(s - lse2) against the forward's
