@@ -295,14 +295,19 @@ status make_ragged_problem(const tensor_view<TQ, 3>& q, const tensor_view<const 
   if (Hkv > 0 && Hq % Hkv != 0)
     return status::failure(f + ": kv heads (" + str(Hkv) +
                            ") must divide q.extent(1) (q heads) = " + str(Hq));
+  // Every backend reads a row of the head dimension as contiguous values.
   const struct {
     const char* name;
+    int dim;
     index_t extent, stride;
-  } dims[] = {{"q", D, q.strides[2]}, {"out", Dv, out.strides[2]}};
+  } dims[] = {{"q", 2, D, q.strides[2]},
+              {"out", 2, Dv, out.strides[2]},
+              {"kv.k", 3, D, kv.k.strides[3]},
+              {"kv.v", 3, Dv, kv.v.strides[3]}};
   for (const auto& d : dims)
     if (d.extent > 1 && d.stride != 1)
-      return status::failure(f + ": " + d.name +
-                             ".stride(2) (head_dim) must be 1 (contiguous), got " + str(d.stride));
+      return status::failure(f + ": " + d.name + ".stride(" + str(d.dim) +
+                             ") (head_dim) must be 1 (contiguous), got " + str(d.stride));
   const struct {
     const char* name;
     bool given;
@@ -411,6 +416,9 @@ void ragged_attention(const Backend& backend, tensor_view<TQ, 3> q,
                 "alibi::ragged_attention: the CPU backends (eigen, reference) take ragged calls");
   detail::ragged_problem rp;
   detail::prepare_ragged(backend, q, cu_seqlens_q, kv, out, params, rp).throw_if_failed();
+  // No query heads or no rows: the output (and logsumexp) is empty, and there is nothing to
+  // read (a kernel's work items are per KV head, which may exist without query heads).
+  if (rp.p.q_heads == 0 || rp.total_rows == 0) return;
   detail::ragged_impl<Backend>::run(backend, rp, tensor_view<const std::remove_const_t<TQ>, 3>(q),
                                     kv, out);
 }

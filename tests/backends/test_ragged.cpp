@@ -559,6 +559,33 @@ TEST_CASE("ragged: bad arguments are refused with the argument named", "[ragged]
   kv8.k_scales = {};
   const alibi::status st8 = alibi::can_implement_ragged(be, c8.qv(), c8.cuv(), kv8, ov, p);
   REQUIRE_THAT(st8.message(), Catch::Contains("kv.k_scales must be given"));
+  // Every backend reads a head's row of K and V as contiguous values: a strided or
+  // broadcast head dimension is refused, never read past the pool.
+  for (const index_t stride : {index_t(0), index_t(2)}) {
+    kv = c.paged();
+    kv.k.strides[3] = stride;
+    REQUIRE_THAT(message(kv, c.cu, p), Catch::Contains("kv.k.stride(3)"));
+    kv = c.paged();
+    kv.v.strides[3] = stride;
+    REQUIRE_THAT(message(kv, c.cu, p), Catch::Contains("kv.v.stride(3)"));
+  }
+}
+
+TEST_CASE("ragged: no query heads is an empty call, whatever the KV heads", "[ragged]") {
+  // q and out (total, 0, dim) hold no elements (null data is theirs to have); the work is
+  // per KV head in the kernel, so the call must not start any.
+  const ragged_case<float> c(mixed(16, 2, 13));
+  const auto& sp = c.spec;
+  const auto q0 = alibi::make_view<const float>(nullptr, c.total, 0, sp.head_dim);
+  const auto o0 = alibi::make_view<float>(nullptr, c.total, 0, sp.v_head_dim);
+  alibi::attention_params p;
+  p.mask.causal = true;
+  alibi::attention_stats stats;
+  p.stats = &stats;
+  REQUIRE_NOTHROW(alibi::ragged_attention(alibi::backend::eigen{2}, q0, c.cuv(), c.paged(), o0, p));
+  REQUIRE_NOTHROW(
+      alibi::ragged_attention(alibi::backend::reference{}, q0, c.cuv(), c.paged(), o0, p));
+  REQUIRE(stats.tiles_computed == 0);
 }
 
 namespace {
