@@ -937,6 +937,35 @@ TEST_CASE("safetensors: corrupt files are clear errors", "[layers][safetensors][
   REQUIRE_THROWS_WITH(i32.to_float("a"), Catch::Contains("expected F32, F16, BF16 or F64"));
 }
 
+namespace {
+
+/// A cache's key-norm bounds against alibi::key_norm_bounds over each sequence's stored
+/// keys, bitwise; blocks past a sequence's length hold 0.
+template <class Cache>
+void check_key_norm_bounds(const Cache& cache) {
+  const auto keys = cache.keys();
+  const auto got = cache.key_norm_bounds();
+  const index_t H = cache.kv_heads();
+  REQUIRE(got.extents[2] == (keys.extents[2] + 127) / 128);
+  for (index_t b = 0; b < cache.batch(); ++b) {
+    const index_t len = cache.length(b), blocks = (len + 127) / 128;
+    const auto kb = alibi::make_strided_view<const typename decltype(keys)::value_type, 4>(
+        keys.ptr(b, 0, 0), {1, H, len, cache.head_dim()},
+        {keys.strides[0], keys.strides[1], keys.strides[2], keys.strides[3]});
+    std::vector<float> want(static_cast<std::size_t>(H * blocks), -1.0f);
+    alibi::key_norm_bounds(kb, alibi::make_view(want.data(), 1, H, blocks));
+    for (index_t h = 0; h < H; ++h)
+      for (index_t t = 0; t < got.extents[2]; ++t) {
+        const float expected = t < blocks ? want[static_cast<std::size_t>(h * blocks + t)] : 0.0f;
+        INFO("b " << b << " h " << h << " block " << t);
+        CHECK(got(b, h, t) == expected);
+        if (t < blocks) CHECK(got(b, h, t) > 0.0f);
+      }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("KV cache: its key-norm bounds follow appends, truncation and clearing",
           "[layers][decode][skip]") {
   // The cache's bounds (attention_params::key_norm_bounds for its decode steps) against
@@ -962,24 +991,7 @@ TEST_CASE("KV cache: its key-norm bounds follow appends, truncation and clearing
   };
   auto check = [&](const char* when) {
     INFO(when);
-    const auto keys = cache.keys();
-    const auto got = cache.key_norm_bounds();
-    REQUIRE(got.extents[2] == (keys.extents[2] + 127) / 128);
-    for (index_t b = 0; b < 2; ++b) {
-      const index_t len = cache.length(b), blocks = (len + 127) / 128;
-      const auto kb = alibi::make_strided_view<const Eigen::half, 4>(
-          keys.ptr(b, 0, 0), {1, 2, len, cache.head_dim()},
-          {keys.strides[0], keys.strides[1], keys.strides[2], keys.strides[3]});
-      std::vector<float> want(static_cast<std::size_t>(2 * blocks), -1.0f);
-      alibi::key_norm_bounds(kb, alibi::make_view(want.data(), 1, 2, blocks));
-      for (index_t h = 0; h < 2; ++h)
-        for (index_t t = 0; t < got.extents[2]; ++t) {
-          const float expected = t < blocks ? want[static_cast<std::size_t>(h * blocks + t)] : 0.0f;
-          INFO("b " << b << " h " << h << " block " << t);
-          CHECK(got(b, h, t) == expected);
-          if (t < blocks) CHECK(got(b, h, t) > 0.0f);
-        }
-    }
+    check_key_norm_bounds(cache);
   };
   step(L, 100);
   check("after a prompt of 150 and 100 tokens");
@@ -998,4 +1010,58 @@ TEST_CASE("KV cache: its key-norm bounds follow appends, truncation and clearing
   cache.clear();
   step(3, 0);
   check("after clearing all and a new prompt");
+}
+
+TEST_CASE("KV cache: a transaction returns truncated sequences to their fewest tokens",
+          "[layers][decode][skip]") {
+  // Sequence 0 holds 200 keys (two norm blocks) when the transaction begins; it is truncated
+  // to 10 and grows past 200 with other tokens before the step fails. It must come back with
+  // 10 keys and their bounds (sequence 1 with its 30), not with 200 and a stale bound.
+  alibi::mha_config c;
+  c.embed_dim = 32;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  alibi::multi_head_attention<float, cpu> m(c);
+  set_all(m, random_weights(m, 2));
+  using cache_t = alibi::kv_cache<float, cpu>;
+  auto cache = cache_t::for_module(m, 2, 400);
+  const index_t L = 250;
+  const auto x = randn(static_cast<std::size_t>(2 * L * 32), 4);
+  const auto y = randn(static_cast<std::size_t>(2 * L * 32), 5);
+  std::vector<float> out(x.size());
+  alibi::forward_options o;
+  o.mask.causal = true;
+  auto step = [&](const std::vector<float>& in, index_t n0, index_t n1) {
+    std::vector<index_t> n = {n0, n1};
+    o.q_lengths = alibi::make_view<const index_t>(n.data(), 2);
+    m.forward(alibi::make_view<const float>(in.data(), 2, L, 32),
+              alibi::make_view(out.data(), 2, L, 32), cache, o);
+  };
+  step(x, 200, 30);
+  const std::vector<float> kept(cache.keys().ptr(0, 1, 0), cache.keys().ptr(0, 1, 10));
+  {
+    cache_t::transaction t(cache);
+    cache.truncate(0, 10);
+    step(y, 220, 5);
+    REQUIRE(cache.length(0) == 230);
+  }
+  REQUIRE(cache.length(0) == 10);
+  REQUIRE(cache.length(1) == 30);
+  REQUIRE(std::vector<float>(cache.keys().ptr(0, 1, 0), cache.keys().ptr(0, 1, 10)) == kept);
+  check_key_norm_bounds(cache);
+  {  // cleared while open: back to empty
+    cache_t::transaction t(cache);
+    cache.clear(1);
+    step(y, 0, 3);
+  }
+  REQUIRE(cache.length(1) == 0);
+  REQUIRE(cache.length(0) == 10);
+  check_key_norm_bounds(cache);
+  {  // committed: later truncations are the caller's
+    cache_t::transaction t(cache);
+    step(y, 5, 0);
+    t.commit();
+    cache.truncate(0, 12);
+  }
+  REQUIRE(cache.length(0) == 12);
 }

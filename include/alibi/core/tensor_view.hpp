@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "alibi/core/config.hpp"
@@ -11,6 +12,18 @@
 namespace alibi {
 
 using index_t = std::int64_t;
+
+namespace detail {
+/// The product of non-negative factors, or -1 when a factor is negative or the product does
+/// not fit in int64: sizes computed from user arguments go through here, since a wrapped
+/// one would allocate too little (or throw std::bad_alloc instead of naming the argument).
+inline index_t checked_product(std::initializer_list<index_t> factors) {
+  index_t n = 1;
+  for (index_t f : factors)
+    if (f < 0 || __builtin_mul_overflow(n, f, &n)) return -1;
+  return n;
+}
+}  // namespace detail
 
 template <class T, int Rank>
 struct tensor_view {

@@ -9,6 +9,7 @@
 #include "alibi/attention.hpp"
 #include "alibi/core/error.hpp"
 #include "alibi/layer_ops.hpp"
+#include "alibi/layers/open_transactions.hpp"
 #include "alibi/numerics/online_softmax.hpp"
 
 namespace alibi {
@@ -64,10 +65,8 @@ class kv_cache {
           detail::str(kv_heads) + ", head_dim " + detail::str(head_dim)));
     // Every product is checked (a wrapped one would allocate too little, or throw
     // std::bad_alloc / std::length_error instead of naming the argument), bytes included.
-    index_t n = 0, bytes = 0;
-    if (__builtin_mul_overflow(batch, capacity, &n) || __builtin_mul_overflow(n, kv_heads, &n) ||
-        __builtin_mul_overflow(n, head_dim, &n) ||
-        __builtin_mul_overflow(n, static_cast<index_t>(sizeof(S)), &bytes))
+    const index_t n = detail::checked_product({batch, capacity, kv_heads, head_dim});
+    if (n < 0 || detail::checked_product({n, static_cast<index_t>(sizeof(S))}) < 0)
       detail::raise(argument_error("alibi::kv_cache: batch * capacity * kv_heads * head_dim (" +
                                    detail::str(batch) + " * " + detail::str(capacity) + " * " +
                                    detail::str(kv_heads) + " * " + detail::str(head_dim) +
@@ -98,10 +97,12 @@ class kv_cache {
   void clear() {
     std::fill(lengths_.begin(), lengths_.end(), index_t{0});
     std::fill(norms_.begin(), norms_.end(), 0.0f);
+    for (index_t b = 0; b < batch_; ++b) lowered(b);
   }
   void clear(index_t b) {
     lengths_[sequence(b, "clear")] = 0;
     refresh_norms(b, 0, 0);
+    lowered(b);
   }
   /// Keeps the first `length` tokens of sequence b (rolling back rejected speculative tokens,
   /// or re-running a step); `length` must not exceed what the sequence holds.
@@ -113,43 +114,64 @@ class kv_cache {
                                    detail::str(length)));
     n = length;
     refresh_norms(b, length, length);
+    lowered(b);
   }
 
   /// Makes a step that appends to the cache all or nothing: while a transaction is alive
   /// and not committed, destroying it (a step failing part-way, unwinding) returns the cache
   /// to the state it had when the transaction began: the lengths and the key-norm bounds,
   /// so a retry appends the same tokens at the same positions. The rows written past the
-  /// old lengths stay in memory, unread, and are overwritten by the next append. The
-  /// layers hold one around each forward with a cache; a loop over layers can hold one per
-  /// layer's cache around the whole step. Beginning one allocates (before anything
-  /// changes); rolling back does not, and never throws.
+  /// old lengths stay in memory, unread, and are overwritten by the next append. A sequence
+  /// truncated or cleared while the transaction is open returns to the fewest tokens it held
+  /// meanwhile (the ones past them are gone or were written anew). The layers hold one
+  /// around each forward with a cache; a loop over layers can hold one per layer's cache
+  /// around the whole step. Beginning one allocates (before anything changes); rolling back
+  /// does not, and never throws.
   class transaction {
    public:
     explicit transaction(kv_cache& cache) : cache_(&cache), lengths_(cache.lengths_) {
       if constexpr (keeps_norms) {
-        // The bound of the block each sequence ends in, where that block is partly filled:
-        // the only bound an append changes that is not 0 before it.
-        const index_t H = cache.kv_heads_;
-        tail_norms_.assign(static_cast<std::size_t>(cache.batch_ * H), 0.0f);
-        for (index_t b = 0; b < cache.batch_; ++b) {
-          const index_t n = lengths_[static_cast<std::size_t>(b)];
-          if (n % key_norm_block == 0) continue;
-          for (index_t h = 0; h < H; ++h)
-            tail_norms_[static_cast<std::size_t>(b * H + h)] =
-                cache.norms_[static_cast<std::size_t>((b * H + h) * cache.blocks_ +
-                                                      n / key_norm_block)];
-        }
+        tail_norms_.assign(static_cast<std::size_t>(cache.batch_ * cache.kv_heads_), 0.0f);
+        for (index_t b = 0; b < cache.batch_; ++b) save_tail_norms(b);
       }
+      cache.open_.add(this);
     }
     /// The step succeeded: the cache keeps what it appended.
-    void commit() noexcept { cache_ = nullptr; }
+    void commit() noexcept {
+      if (cache_ != nullptr) cache_->open_.remove(this);
+      cache_ = nullptr;
+    }
     ~transaction() {
-      if (cache_ != nullptr) cache_->roll_back(lengths_, tail_norms_);
+      if (cache_ == nullptr) return;
+      cache_->open_.remove(this);
+      cache_->roll_back(lengths_, tail_norms_);
     }
     transaction(const transaction&) = delete;
     transaction& operator=(const transaction&) = delete;
 
    private:
+    friend class kv_cache;
+    /// Sequence b's bounds of the block its saved length ends in, where that block is partly
+    /// filled: the only bound an append changes that is not 0 before it.
+    void save_tail_norms(index_t b) noexcept {
+      if constexpr (keeps_norms) {
+        const index_t H = cache_->kv_heads_, n = lengths_[static_cast<std::size_t>(b)];
+        for (index_t h = 0; h < H; ++h)
+          tail_norms_[static_cast<std::size_t>(b * H + h)] =
+              n % key_norm_block == 0 ? 0.0f
+                                      : cache_->norms_[static_cast<std::size_t>(
+                                            (b * H + h) * cache_->blocks_ + n / key_norm_block)];
+      }
+    }
+    /// The cache's sequence b was truncated: a shorter length becomes the one to return to,
+    /// with the bounds the cache has just computed for it.
+    void lowered(index_t b) noexcept {
+      const index_t now = cache_->lengths_[static_cast<std::size_t>(b)];
+      if (now >= lengths_[static_cast<std::size_t>(b)]) return;
+      lengths_[static_cast<std::size_t>(b)] = now;
+      save_tail_norms(b);
+    }
+
     kv_cache* cache_;
     std::vector<index_t> lengths_;
     std::vector<float> tail_norms_;  // (batch, kv_heads)
@@ -181,6 +203,10 @@ class kv_cache {
     index_t m = 0;
     for (index_t n : lengths_) m = std::max(m, n);
     return m;
+  }
+  /// Sequence b was truncated: the open transactions return it to no more than its length.
+  void lowered(index_t b) noexcept {
+    open_.each([b](transaction& t) { t.lowered(b); });
   }
   /// Back to `lengths` (each at most the current length), with the key-norm bounds they had
   /// (`tail_norms`: the bound of the block each sequence ended in; blocks past it were 0).
@@ -291,6 +317,7 @@ class kv_cache {
   // the eigen backend; empty elsewhere.
   std::vector<float> norms_;
   index_t blocks_ = 0;
+  detail::open_transactions<transaction> open_;
 };
 
 }  // namespace alibi
