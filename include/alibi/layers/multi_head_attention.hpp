@@ -500,7 +500,7 @@ void multi_head_attention<T, Backend>::run_paged(tensor_view<const T, 3> x, tens
   if (cu(0) != 0 || cu(n) != total)
     detail::raise(argument_error(
         f + ": batch.cu_seqlens must start at 0 and end at total_rows = " + str(total)));
-  index_t fresh = 0;
+  std::vector<std::pair<index_t, index_t>> appends(static_cast<std::size_t>(n));  // (seq, rows)
   for (index_t i = 0; i < n; ++i) {
     const index_t rows = cu(i + 1) - cu(i), seq = batch.seqs(i);
     if (rows < 0)
@@ -516,8 +516,9 @@ void multi_head_attention<T, Backend>::run_paged(tensor_view<const T, 3> x, tens
       detail::raise(capacity_error(f + ": sequence " + str(seq) + " would hold " +
                                    str(cache.length(seq) + rows) + " tokens, more than the " +
                                    str(cache.max_tokens()) + " its table row holds"));
-    fresh += cache.fresh_pages(seq, rows);
+    appends[static_cast<std::size_t>(i)] = {seq, rows};
   }
+  const index_t fresh = cache.fresh_pages(appends.begin(), appends.end());
   if (fresh > cache.free_pages())
     detail::raise(capacity_error(f + ": the batch needs " + str(fresh) +
                                  " free pages, the cache has " + str(cache.free_pages())));

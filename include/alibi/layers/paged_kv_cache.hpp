@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "alibi/core/error.hpp"
 #include "alibi/core/paged_kv.hpp"
 #include "alibi/core/tensor_view.hpp"
+#include "alibi/layers/open_transactions.hpp"
 #include "alibi/numerics/far_tiles.hpp"
 
 namespace alibi {
@@ -27,7 +29,7 @@ namespace alibi {
 /// Sequences share pages: fork() gives a new sequence the pages of another (a shared prompt
 /// prefix), and the first append into a shared page copies it first (copy on write), so full
 /// shared pages are never copied. Each page keeps an upper bound on the norms of its keys,
-/// updated on append, for far-page skipping.
+/// updated on append and truncate, for far-page skipping.
 ///
 /// Every call that is refused (an alibi::error: a bad argument, or capacity_error for a full
 /// pool or table) leaves the cache as it was. Not thread-safe: one thread changes it at a
@@ -41,7 +43,7 @@ class paged_kv_cache {
         page_size_(page_size),
         kv_heads_(kv_heads),
         d_(head_dim),
-        dv_(v_head_dim < 0 ? head_dim : v_head_dim),
+        dv_(v_head_dim == -1 ? head_dim : v_head_dim),
         max_seqs_(max_seqs),
         max_pages_(max_pages_per_seq) {
     const std::string f = "alibi::paged_kv_cache";
@@ -57,7 +59,24 @@ class paged_kv_cache {
           std::to_string(max_pages_per_seq)));
     if (max_pages_per_seq > 0 && page_size > (index_t(1) << 40) / max_pages_per_seq)
       detail::raise(argument_error(f + ": page_size * max_pages_per_seq must be below 2^40"));
-    const auto tokens = static_cast<std::size_t>(num_pages * page_size * kv_heads);
+    // Page ids are int32 in the block table (the layout serving engines share).
+    if (num_pages > std::numeric_limits<std::int32_t>::max())
+      detail::raise(argument_error(f +
+                                   ": num_pages must be at most 2^31 - 1 (page ids are "
+                                   "int32), got " +
+                                   std::to_string(num_pages)));
+    // Every size is checked, bytes included: a wrapped one would allocate too little.
+    const index_t tokens_n = detail::checked_product({num_pages, page_size, kv_heads});
+    const index_t row_bytes =
+        detail::checked_product({std::max(d_, dv_), static_cast<index_t>(sizeof(T))});
+    if (tokens_n < 0 || row_bytes < 0 || detail::checked_product({tokens_n, row_bytes}) < 0 ||
+        detail::checked_product({max_seqs, max_pages_per_seq}) < 0)
+      detail::raise(argument_error(
+          f + ": num_pages * page_size * kv_heads * max(head_dim, v_head_dim) bytes (" +
+          std::to_string(num_pages) + " * " + std::to_string(page_size) + " * " +
+          std::to_string(kv_heads) + " * " + std::to_string(std::max(d_, dv_)) + " * " +
+          std::to_string(sizeof(T)) + ") and max_seqs * max_pages_per_seq must fit in 64 bits"));
+    const auto tokens = static_cast<std::size_t>(tokens_n);
     k_.assign(tokens * static_cast<std::size_t>(d_), T{});
     v_.assign(tokens * static_cast<std::size_t>(dv_), T{});
     if (is_int8_kv<T>) {
@@ -193,13 +212,37 @@ class paged_kv_cache {
   }
 
   /// The free pages an append of n tokens to `seq` takes: new pages, and a copy of its last
-  /// page when that is shared and partly filled. (Appends to two sequences that share one
-  /// last page may take one page less in all: the second finds it unshared.)
+  /// page when that is shared and partly filled.
   index_t fresh_pages(index_t seq, index_t n) const {
-    check_seq("fresh_pages", seq);
-    const index_t len = lens_[static_cast<std::size_t>(seq)];
-    if (n <= 0) return 0;
-    return pages_for(len + n) - pages_for(len) + (shares_last_page(seq) ? 1 : 0);
+    const std::pair<index_t, index_t> one[] = {{seq, n}};
+    return fresh_pages(one, one + 1);
+  }
+  /// The free pages that the appends [first, last) of (sequence, tokens) pairs, to distinct
+  /// sequences in this order, take in all. A partly filled last page held by r sequences, k
+  /// of which append, is copied min(k, r - 1) times: each copy drops one holder, so the last
+  /// of them finds it unshared when no other sequence holds it.
+  template <class It>
+  index_t fresh_pages(It first, It last) const {
+    index_t fresh = 0;
+    std::vector<std::pair<std::int32_t, index_t>> shared;  // (page, appenders holding it)
+    for (It a = first; a != last; ++a) {
+      const index_t seq = a->first, n = a->second;
+      check_seq("fresh_pages", seq);
+      if (n <= 0) continue;
+      const index_t len = lens_[static_cast<std::size_t>(seq)];
+      fresh += pages_for(len + n) - pages_for(len);
+      if (!shares_last_page(seq)) continue;
+      const std::int32_t page = entry(seq, pages_for(len) - 1);
+      auto at = std::find_if(shared.begin(), shared.end(),
+                             [&](const auto& pk) { return pk.first == page; });
+      if (at == shared.end())
+        shared.push_back({page, 1});
+      else
+        ++at->second;
+    }
+    for (const auto& pk : shared)
+      fresh += std::min<index_t>(pk.second, refs_[static_cast<std::size_t>(pk.first)] - 1);
+    return fresh;
   }
   /// The most tokens a sequence may hold: max_pages_per_seq * page_size.
   index_t max_tokens() const { return max_pages_ * page_size_; }
@@ -217,6 +260,25 @@ class paged_kv_cache {
       entry(seq, i) = -1;
     }
     lens_[static_cast<std::size_t>(seq)] = length;
+    open_.each([&](transaction& t) { t.lowered(seq, length); });
+    // The page the sequence now ends in may have lost keys (rejected speculative tokens,
+    // perhaps huge or NaN): its bound is recomputed from the keys left, so far-page skipping
+    // sees only those, unless another sequence holds the page (the bound covers its keys too).
+    if (length % page_size_ != 0) {
+      const std::int32_t page = entry(seq, pages_for(length) - 1);
+      if (refs_[static_cast<std::size_t>(page)] == 1) {
+        for (index_t h = 0; h < kv_heads_; ++h) {
+          float bound = 0.0f;
+          for (index_t slot = 0; slot < length % page_size_; ++slot) {
+            const std::size_t at = token_index(page, slot, h);
+            bound =
+                detail::max_keep_nan(bound, stored_norm(&k_[at * static_cast<std::size_t>(d_)], d_,
+                                                        is_int8_kv<T> ? &k_scales_[at] : nullptr));
+          }
+          norms_[static_cast<std::size_t>(page * kv_heads_ + h)] = bound;
+        }
+      }
+    }
   }
 
   /// Ends a sequence: its pages are released and its slot is free again.
@@ -228,24 +290,44 @@ class paged_kv_cache {
   /// The lengths of the given sequences, for a forward over a ragged batch that may have to
   /// undo its appends: the destructor truncates each back to its length at construction
   /// unless commit() was called (a page copied on write stays copied; its tokens are the
-  /// same).
+  /// same). A sequence truncated or freed while the transaction is open goes back to the
+  /// fewest tokens it held meanwhile (the ones past them are gone or were written anew).
   class transaction {
    public:
     transaction(paged_kv_cache& cache, tensor_view<const index_t, 1> seqs) : cache_(cache) {
-      for (index_t i = 0; i < seqs.extents[0]; ++i)
+      if (seqs.extents[0] < 0 || (seqs.extents[0] > 0 && seqs.data == nullptr))
+        detail::raise(argument_error(
+            "alibi::paged_kv_cache::transaction: seqs must have an extent >= 0 and data when "
+            "not empty, got extent " +
+            std::to_string(seqs.extents[0])));
+      for (index_t i = 0; i < seqs.extents[0]; ++i) {
+        cache.check_seq("transaction", seqs(i));
         saved_.push_back({seqs(i), cache.length(seqs(i))});
+      }
+      cache.open_.add(this);
     }
     transaction(const transaction&) = delete;
     transaction& operator=(const transaction&) = delete;
     ~transaction() {
       if (committed_) return;
+      cache_.open_.remove(this);
       for (const auto& sl : saved_)
         if (cache_.active(sl.first) && cache_.length(sl.first) > sl.second)
           cache_.truncate(sl.first, sl.second);
     }
-    void commit() { committed_ = true; }
+    void commit() noexcept {
+      if (!committed_) cache_.open_.remove(this);
+      committed_ = true;
+    }
 
    private:
+    friend class paged_kv_cache;
+    /// The cache truncated seq to `length` tokens.
+    void lowered(index_t seq, index_t length) noexcept {
+      for (auto& sl : saved_)
+        if (sl.first == seq) sl.second = std::min(sl.second, length);
+    }
+
     paged_kv_cache& cache_;
     std::vector<std::pair<index_t, index_t>> saved_;
     bool committed_ = false;
@@ -345,19 +427,22 @@ class paged_kv_cache {
   /// Stores one token's row of one head (n values, stride `stride`) and returns an upper
   /// bound on the norm of the row as stored (as the attention reads it).
   static float store(const float* src, index_t stride, index_t n, T* dst, float* scale) {
-    float sq = 0.0f;
     if constexpr (is_int8_kv<T>) {
       *scale = quantize_int8(src, stride, n, dst);
-      for (index_t e = 0; e < n; ++e) {
-        const float x = static_cast<float>(dst[e]) * *scale;
-        sq += x * x;
-      }
     } else {
-      for (index_t e = 0; e < n; ++e) {
-        dst[e] = static_cast<T>(src[e * stride]);
-        const float x = static_cast<float>(dst[e]);
-        sq += x * x;
-      }
+      for (index_t e = 0; e < n; ++e) dst[e] = static_cast<T>(src[e * stride]);
+    }
+    return stored_norm(dst, n, scale);
+  }
+  /// An upper bound on the norm of a stored row of n values as the attention reads it
+  /// (int8: times its scale; a NaN scale gives a NaN bound, which never lets a page be
+  /// skipped).
+  static float stored_norm(const T* row, index_t n, const float* scale) {
+    float sq = 0.0f;
+    for (index_t e = 0; e < n; ++e) {
+      float x = static_cast<float>(row[e]);
+      if constexpr (is_int8_kv<T>) x *= *scale;
+      sq += x * x;
     }
     return detail::key_norm_bound(sq, n);
   }
@@ -365,7 +450,8 @@ class paged_kv_cache {
  public:
   /// int8 quantization of one row (one token, one KV head): symmetric, scale = max|x| / 127,
   /// x_q = round(x / scale). Each element is then within scale / 2 = max|x| / 254 of x
-  /// (plus one float rounding of x_q * scale). A row of zeros gets scale 0; a row with a
+  /// (plus one float rounding of x_q * scale). A row of zeros gets scale 0, and so does a row
+  /// with max|x| below about 1.8e-43 (it reads back as zeros); a row with a
   /// non-finite value gets a NaN scale, so that it reads back as NaN (and propagates as a
   /// NaN key or value does). Why per (token, head) rather than per block of 32 values: one
   /// scale per gathered row keeps the dequantization a single multiply in the tile loop and
@@ -383,11 +469,14 @@ class paged_kv_cache {
       std::fill_n(dst, n, T{});
       return detail::nan_f();
     }
-    if (amax == 0.0f) {
+    // A row of zeros, or one so small (max|x| below 127 times the smallest subnormal) that
+    // its scale would round to 0, is stored as zeros with scale 0: within max|x| of x, and
+    // no division by a zero scale.
+    const float scale = amax / 127.0f;
+    if (scale == 0.0f) {
       std::fill_n(dst, n, T{});
       return 0.0f;
     }
-    const float scale = amax / 127.0f;
     for (index_t e = 0; e < n; ++e) {
       const float r = std::nearbyint(src[e * stride] / scale);
       dst[e] = static_cast<T>(std::min(127.0f, std::max(-127.0f, r)));
@@ -406,6 +495,7 @@ class paged_kv_cache {
   std::vector<std::int32_t> table_;         // (max_seqs, max_pages_per_seq), -1 unused
   std::vector<std::int64_t> lens_;          // (max_seqs)
   std::vector<bool> active_;                // (max_seqs)
+  detail::open_transactions<transaction> open_;
 };
 
 }  // namespace alibi
