@@ -4,6 +4,7 @@
 // logits by the tolerance rule, greedy tokens equal to the reference's (no call passes a
 // mask: the model is causal by construction), and a failed step leaves the caches as they were.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -198,4 +199,47 @@ TEST_CASE("causal_lm: refused calls name the argument and leave the caches as th
                       Catch::Contains("vocab and family.num_layers must be > 0"));
   REQUIRE_THROWS_WITH(lm.prefill(tv, alibi::make_view(logits.data(), 2, 19)),
                       Catch::Contains("logits must have shape (2, 20)"));
+  REQUIRE_THROWS_WITH(lm.decode(alibi::make_view<const std::int32_t>(nullptr, 2), lv),
+                      Catch::Contains("tokens.data must not be null"));
+  REQUIRE_THROWS_AS(lm.set_output_head(nullptr), alibi::argument_error);
+  REQUIRE_THROWS_AS(lm.set_embedding(nullptr), alibi::argument_error);
+}
+
+TEST_CASE("causal_lm: Baichuan2's head uses its rows divided by their norms", "[causal_lm]") {
+  // The same model three ways: Baichuan2 given head rows W, Baichuan2 given 3.5 W (the same
+  // normalized head), and Baichuan-13B given W's rows normalized here in double.
+  const index_t vocab = 29, E = 32;
+  auto model = [&](bool baichuan2, const std::vector<float>& head) {
+    alibi::causal_lm<float, cpu> lm(alibi::families::baichuan(E, 4, 48, 2, 1e-6f, baichuan2), vocab,
+                                    cpu{1});
+    set_random(lm, 300);
+    lm.set_output_head(head.data());
+    std::vector<float> logits(static_cast<std::size_t>(vocab));
+    const std::int32_t tokens[] = {5, 17, 2, 28};
+    lm.start(1, 8);
+    lm.prefill(alibi::make_view<const std::int32_t>(tokens, 1, 4),
+               alibi::make_view(logits.data(), 1, vocab));
+    return logits;
+  };
+  const std::vector<float> w = alibi_test::randn(vocab * E, 12);
+  std::vector<float> scaled = w, normalized = w;
+  for (float& x : scaled) x *= 3.5f;
+  for (index_t t = 0; t < vocab; ++t) {
+    double sq = 0.0;
+    for (index_t e = 0; e < E; ++e)
+      sq += double(w[std::size_t(t * E + e)]) * w[std::size_t(t * E + e)];
+    for (index_t e = 0; e < E; ++e)
+      normalized[std::size_t(t * E + e)] =
+          static_cast<float>(w[std::size_t(t * E + e)] / std::sqrt(sq));
+  }
+  const std::vector<float> got = model(true, w), want = model(false, normalized);
+  const std::vector<float> again = model(true, scaled), raw = model(false, w);
+  double scale = 0.0;
+  for (const float x : want) scale = std::max(scale, double(std::fabs(x)));
+  for (index_t t = 0; t < vocab; ++t) {
+    INFO("token " << t);
+    REQUIRE(std::fabs(got[std::size_t(t)] - want[std::size_t(t)]) <= 1e-6 * scale);
+    REQUIRE(std::fabs(again[std::size_t(t)] - want[std::size_t(t)]) <= 1e-6 * scale);
+  }
+  REQUIRE(raw != got);  // the rows of randn have norms near sqrt(32), not 1
 }

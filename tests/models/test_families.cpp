@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <alibi/alibi.hpp>
+#include <alibi/models/causal_lm.hpp>
 #include <alibi/models/checkpoint.hpp>
 
 #include "layer_reference.hpp"
@@ -604,6 +605,22 @@ TEST_CASE("families: config.json files give the presets", "[layers][families]") 
     REQUIRE(f.layer.norm_kind == alibi::norm_type::rms_norm);
     REQUIRE(f.layer.ff_dim == 13696);
     REQUIRE(f.layer.norm_eps == 1e-6f);
+    REQUIRE(f.own_head);
+    REQUIRE_FALSE(f.normalized_head);
+  }
+  SECTION("Baichuan2-13B: its head normalizes its rows") {
+    const std::string sizes = R"("model_type": "baichuan", "hidden_size": 5120,
+        "num_attention_heads": 40, "intermediate_size": 13696, "num_hidden_layers": 40)";
+    REQUIRE(from_config("{" + sizes + R"(, "vocab_size": 125696})").normalized_head);
+    REQUIRE(
+        from_config("{" + sizes + R"(, "vocab_size": 1000, "z_loss_weight": 0})").normalized_head);
+    REQUIRE_FALSE(from_config("{" + sizes + R"(, "vocab_size": 64000})").normalized_head);
+  }
+  SECTION("tie_word_embeddings false asks for a head of its own") {
+    const std::string bloom = R"("model_type": "bloom", "hidden_size": 64, "n_head": 4,
+        "n_layer": 2)";
+    REQUIRE_FALSE(from_config("{" + bloom + "}").own_head);
+    REQUIRE(from_config("{" + bloom + R"(, "tie_word_embeddings": false})").own_head);
   }
   SECTION("falcon-rw-1b") {
     const auto f = from_config(R"({"model_type": "falcon", "hidden_size": 2048,
@@ -637,6 +654,18 @@ TEST_CASE("families: config.json files give the presets", "[layers][families]") 
     refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true},
         "ffn_config": {"ffn_type": "mptglu"}})",
             "ffn_type");
+    // Settings that change the model's output are refused, not ignored.
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true,
+        "prefix_lm": true}})",
+            "prefix_lm");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "logit_scale": 2.0,
+        "attn_config": {"alibi": true}})",
+            "logit_scale");
+    const std::string falcon = R"("model_type": "falcon", "hidden_size": 64, "alibi": true,
+        "parallel_attn": false, "multi_query": false, "new_decoder_architecture": false)";
+    refuses("{" + falcon + R"(, "apply_residual_connection_post_layernorm": true})",
+            "apply_residual_connection_post_layernorm");
+    refuses("{" + falcon + R"(, "activation": "relu"})", "activation");
     refuses(R"({"model_type": "bloom", "n_head": 4, "n_layer": 2})", "'hidden_size' or 'n_embed'");
     refuses(R"({"model_type": "bloom", "hidden_size": "64", "n_head": 4, "n_layer": 2})",
             "must be an integer");
@@ -684,4 +713,44 @@ TEST_CASE("families: loading errors name the tensor and the family", "[layers][f
     const std::string m = message([&] { alibi::load_family_layer(layer, file, mpt, 2); });
     REQUIRE(m.find("layer index 2 is outside [0, 2)") != std::string::npos);
   }
+}
+
+TEST_CASE("families: a model's output head is found beside its root, and required where it has one",
+          "[layers][families][causal_lm]") {
+  // Baichuan has a head of its own: a checkpoint without one is refused (it once ran with the
+  // embedding as its head), and one saved under a fine-tuning tool's prefix is found.
+  const hf_model hf(baichuan_spec(), 91);
+  const alibi::model_family family = library_family(hf.spec, hf.layers);
+  REQUIRE(family.own_head);
+  const index_t E = hf.spec.E;
+  auto file_of = [&](const std::string& prefix, bool head) {
+    alibi::safetensors_writer w;
+    for (const auto& kv : hf.tensors) w.add(prefix + kv.first, kv.second.shape, kv.second.data);
+    if (head) {
+      std::vector<float> h(static_cast<std::size_t>(hf.vocab * E));
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = std::sin(0.37f * static_cast<float>(i));
+      w.add(prefix + "lm_head.weight", {hf.vocab, E}, h);
+    }
+    return alibi::safetensors::parse(w.bytes());
+  };
+  auto logits = [&](const alibi::safetensors& file) {
+    alibi::causal_lm<float, cpu> lm(file, family);
+    REQUIRE_FALSE(lm.tied_head());
+    std::vector<float> out(static_cast<std::size_t>(hf.vocab));
+    const std::int32_t tokens[] = {3, 1, 4};
+    lm.start(1, 8);
+    lm.prefill(alibi::make_view<const std::int32_t>(tokens, 1, 3),
+               alibi::make_view(out.data(), 1, hf.vocab));
+    return out;
+  };
+  try {
+    alibi::causal_lm<float, cpu> lm(file_of("", false), family);
+    FAIL("a Baichuan checkpoint without lm_head.weight was accepted");
+  } catch (const alibi::io_error& e) {
+    INFO(e.what());
+    REQUIRE(std::string(e.what()).find("no output head") != std::string::npos);
+    REQUIRE(std::string(e.what()).find("'lm_head.weight'") != std::string::npos);
+  }
+  const std::vector<float> plain = logits(file_of("", true));
+  REQUIRE(logits(file_of("base_model.model.", true)) == plain);
 }

@@ -335,6 +335,11 @@ TEST_CASE("safetensors: overlapping tensors, bad numbers and bad JSON are clear 
                       Contains("invalid tensor name") && Contains("UTF-8"));
   REQUIRE_THROWS_WITH(w.metadata("k", "\xc3"), Contains("metadata 'k'") && Contains("UTF-8"));
   REQUIRE_THROWS_WITH(w.add_raw("q", "Q4", {1}, "x"), Contains("tensor 'q': unknown dtype Q4"));
+  // Null data is refused where there are elements to copy, and taken where there are none.
+  REQUIRE_THROWS_WITH(w.add("n", {4}, static_cast<const float*>(nullptr)),
+                      Contains("tensor 'n' has 4 elements and null data"));
+  REQUIRE_THROWS_WITH(w.add_raw("n", "F16", {2, 3}, nullptr), Contains("tensor 'n' has 6"));
+  w.add_raw("empty", "F16", {0, 3}, nullptr);
   // Names with escapes survive the round trip.
   w.add("quote\"back\\slash\ttab", {1}, std::vector<float>{2});
   REQUIRE(safetensors::parse(w.bytes()).to_float("quote\"back\\slash\ttab") ==

@@ -645,6 +645,7 @@ class safetensors_writer {
  public:
   void add(const std::string& name, const std::vector<index_t>& shape, const float* data) {
     const std::uint64_t n = element_count(name, shape, 4);
+    require_data(name, n, data);
     std::vector<unsigned char> bytes(n * 4);
     if (n != 0) std::memcpy(bytes.data(), data, n * 4);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -670,6 +671,7 @@ class safetensors_writer {
       detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
                                    "': unknown dtype " + dtype));
     const std::uint64_t n = element_count(name, shape, esize);
+    require_data(name, n, data);
     const auto* p = static_cast<const unsigned char*>(data);
     put(name, dtype, shape, std::vector<unsigned char>(p, p + n * esize));
   }
@@ -752,6 +754,11 @@ class safetensors_writer {
       detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
                                    "': the shape's byte size overflows 64 bits"));
     return static_cast<std::uint64_t>(n);
+  }
+  static void require_data(const std::string& name, std::uint64_t n, const void* data) {
+    if (n != 0 && data == nullptr)
+      detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name + "' has " +
+                                   std::to_string(n) + " elements and null data"));
   }
   void put(const std::string& name, const std::string& dtype, const std::vector<index_t>& shape,
            std::vector<unsigned char> data) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -37,7 +38,8 @@ namespace alibi {
 ///
 /// Every forward is causal (the family is a decoder), and each call is all or nothing: a call
 /// that fails (a bad token, a full cache, std::bad_alloc) leaves every layer's cache as it was.
-/// Baichuan2's normalized output head is not modelled (its head rows are used as stored).
+/// A family with normalized_head (Baichuan2) divides each head row by its L2 norm as it is
+/// set, as Baichuan2's NormHead does before its first inference.
 template <class T = float, class Backend = backend::eigen, class S = T>
 class causal_lm {
   static_assert(detail::reads_host_memory<Backend>,
@@ -71,8 +73,9 @@ class causal_lm {
   }
 
   /// The model in a checkpoint (a safetensors or sharded_safetensors file) of `family`: every
-  /// layer, the norms, the embedding (its rows give the vocabulary) and lm_head.weight, or
-  /// the embedding where the checkpoint has no head (tied: BLOOM, MPT, Falcon-RW).
+  /// layer, the norms, the embedding (its rows give the vocabulary) and lm_head.weight (also
+  /// looked for under the checkpoint's outer prefixes), or the embedding where the checkpoint
+  /// has no head (tied: BLOOM, MPT, Falcon-RW; a family with own_head must have one).
   template <class File>
   causal_lm(const File& file, const model_family& family, const Backend& backend = Backend{})
       : causal_lm(family, embedding_rows(file, family), backend) {
@@ -83,15 +86,36 @@ class causal_lm {
       load_parameters(embedding_norm_, file, root + family_.embedding_norm + ".");
     load_parameters(final_norm_, file, root + family_.final_norm + ".");
     set_embedding(file.to_float(root + family_.embedding + ".weight").data());
-    if (file.contains("lm_head.weight")) {
-      const safetensors::tensor_info& head = file.info("lm_head.weight");
+    // The head sits beside the family's root ("model." for Baichuan), under the outer prefix
+    // a fine-tuning tool added, or under the root itself.
+    const std::string outer =
+        root.size() >= family_.root.size() && root.compare(root.size() - family_.root.size(),
+                                                           std::string::npos, family_.root) == 0
+            ? root.substr(0, root.size() - family_.root.size())
+            : root;
+    std::vector<std::string> names;
+    for (const std::string& n : {std::string(), outer, root})
+      if (std::find(names.begin(), names.end(), n + "lm_head.weight") == names.end())
+        names.push_back(n + "lm_head.weight");
+    std::string tried;
+    for (const std::string& name : names) {
+      if (!file.contains(name)) {
+        tried += (tried.empty() ? "'" : ", '") + name + "'";
+        continue;
+      }
+      const safetensors::tensor_info& head = file.info(name);
       const index_t E = embed_dim();
       if (head.shape.size() != 2 || head.shape[0] != vocab_ || head.shape[1] != E)
-        detail::raise(argument_error("alibi::causal_lm: lm_head.weight must have shape (" +
+        detail::raise(argument_error("alibi::causal_lm: " + name + " must have shape (" +
                                      detail::str(vocab_) + ", " + detail::str(E) + "), got " +
                                      detail::shape_text(head.shape)));
-      set_output_head(file.to_float("lm_head.weight").data());
+      set_output_head(file.to_float(name).data());
+      return;
     }
+    if (family_.own_head)
+      detail::raise(io_error("alibi::causal_lm: " + file.origin() +
+                             " has no output head: " + family_.name +
+                             " models have one of their own (none of " + tried + " is in it)"));
   }
 
   /// The model in a checkpoint folder: config.json (families::from_config) and
@@ -118,11 +142,27 @@ class causal_lm {
   norm_layer<T, Backend>& final_norm() { return final_norm_; }
   /// The token embedding from (vocab, embed_dim) floats, row-major.
   void set_embedding(const float* data) {
+    require_data("set_embedding", data);
     std::copy_n(data, embedding_.size(), embedding_.begin());
   }
   /// An output head of its own, (vocab, embed_dim) floats, row-major; until then the head is
-  /// the embedding (tied).
-  void set_output_head(const float* data) { head_.assign(data, data + embedding_.size()); }
+  /// the embedding (tied). With the family's normalized_head, each row is divided by
+  /// max(its L2 norm, 1e-12) (summed in double), as torch's F.normalize does.
+  void set_output_head(const float* data) {
+    require_data("set_output_head", data);
+    std::vector<T> head(data, data + embedding_.size());
+    if (family_.normalized_head) {
+      const index_t E = embed_dim();
+      for (index_t t = 0; t < vocab_; ++t) {
+        T* r = head.data() + t * E;
+        double sq = 0.0;
+        for (index_t e = 0; e < E; ++e) sq += static_cast<double>(r[e]) * r[e];
+        const double inv = 1.0 / std::max(std::sqrt(sq), 1e-12);
+        for (index_t e = 0; e < E; ++e) r[e] = static_cast<T>(r[e] * inv);
+      }
+    }
+    head_ = std::move(head);
+  }
   bool tied_head() const { return head_.empty(); }
 
   /// Starts `batch` sequences, each with room for `capacity` tokens: a fresh cache per layer
@@ -181,6 +221,12 @@ class causal_lm {
     return t.shape[0];
   }
 
+  static void require_data(const char* fn, const float* data) {
+    if (data == nullptr)
+      detail::raise(
+          argument_error(std::string("alibi::causal_lm::") + fn + ": data must not be null"));
+  }
+
   std::size_t layer_index(index_t i) const {
     if (i < 0 || i >= num_layers())
       detail::raise(argument_error("alibi::causal_lm::layer: i must be in [0, " +
@@ -198,6 +244,8 @@ class causal_lm {
       detail::raise(argument_error(f +
                                    ": tokens must have shape (batch = " + str(cs.front().batch()) +
                                    ", n), got (" + str(B) + ", " + str(n) + ")"));
+    if (B > 0 && n > 0 && tokens.data == nullptr)
+      detail::raise(argument_error(f + ": tokens.data must not be null"));
     if (logits.extents[0] != B || logits.extents[1] != vocab_ || logits.data == nullptr)
       detail::raise(argument_error(f + ": logits must have shape (" + str(B) + ", " + str(vocab_) +
                                    "), got (" + str(logits.extents[0]) + ", " +

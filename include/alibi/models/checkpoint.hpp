@@ -94,7 +94,11 @@ template <class File>
 std::string family_root(const File& file, const model_family& family, const char* fn) {
   const checkpoint_names& n = family.names;
   const std::string probe = (n.packing == qkv_packing::separate ? n.q : n.qkv) + ".weight";
-  std::vector<std::string> roots = {family.root, "", "transformer.", "model.", "base_model.model."};
+  // The published root, none, the common ones, and those under a fine-tuning tool's
+  // "base_model.model." (PEFT).
+  std::vector<std::string> roots = {
+      family.root,        "", "transformer.", "model.", "base_model.model." + family.root,
+      "base_model.model."};
   std::string tried;
   for (const std::string& r : roots) {
     if (file.contains(family.layer_prefix(0, r) + probe)) return r;
@@ -333,7 +337,11 @@ namespace families {
 /// "baichuan" (the 13B models; the 7B ones use rotary embeddings and are refused), "falcon"
 /// or "RefinedWeb" (ALiBi Falcon-RW models: alibi true, parallel_attn false, multi_query
 /// false, new_decoder_architecture false; others are refused). A model that is not an ALiBi
-/// model of these families, or a missing field, is an alibi::error naming it.
+/// model of these families, a setting that changes the output which the presets do not model
+/// (MPT's qk_ln, clip_qkv, prefix_lm, logit_scale; a post-LayerNorm residual; a Falcon
+/// activation other than "gelu"), or a missing field, is an alibi::error naming it. Baichuan2
+/// (z_loss_weight or a 125,696-token vocabulary) gets normalized_head; tie_word_embeddings
+/// false gets own_head.
 inline model_family from_config(const std::string& config_json) {
   const detail::json_document document = detail::parse_json(
       config_json.data(), config_json.data() + config_json.size(), "alibi::families::from_config");
@@ -344,69 +352,89 @@ inline model_family from_config(const std::string& config_json) {
     detail::raise(io_error("alibi::families::from_config: the config has no model_type"));
   const std::string type = j.at("model_type").get<std::string>();
   const detail::config_reader r{j, type};
-  if (type == "bloom") {
-    if (r.flag(j, "apply_residual_connection_post_layernorm", false))
-      r.fail(
-          "apply_residual_connection_post_layernorm is true: not the layer of "
-          "families::bloom");
-    return bloom(
-        r.integer({"hidden_size", "n_embed"}), r.integer({"n_head", "num_attention_heads"}),
-        r.integer({"n_layer", "num_hidden_layers"}), r.real(j, "layer_norm_epsilon", 1e-5f));
-  }
-  if (type == "mpt") {
-    static const nlohmann::json none = nlohmann::json::object();
-    const nlohmann::json& attn = j.contains("attn_config") ? j.at("attn_config") : none;
-    if (!r.flag(attn, "alibi", false))
-      r.fail("attn_config.alibi is not true: the model does not use ALiBi");
-    const std::string attn_type = r.text(attn, "attn_type", "multihead_attention");
-    index_t kv = 0;  // multi-head
-    if (attn_type == "multiquery_attention") kv = 1;
-    if (attn_type == "grouped_query_attention")
-      kv = detail::config_reader{attn, type}.integer({"kv_n_heads"});
-    // Options of MPT's layer that families::mpt does not have are refused, not ignored.
-    if (r.flag(attn, "qk_ln", false)) r.fail("attn_config.qk_ln is true (not supported)");
-    if (attn.is_object() && attn.contains("clip_qkv") && !attn.at("clip_qkv").is_null())
-      r.fail("attn_config.clip_qkv is set (not supported)");
-    static const nlohmann::json no_ffn = nlohmann::json::object();
-    const nlohmann::json& ffn = j.contains("ffn_config") ? j.at("ffn_config") : no_ffn;
-    if (r.text(ffn, "ffn_type", "mptmlp") != "mptmlp")
-      r.fail("ffn_config.ffn_type is not \"mptmlp\" (not supported)");
-    if (r.text(j, "norm_type", "low_precision_layernorm").find("layernorm") == std::string::npos)
-      r.fail("norm_type is not a LayerNorm (not supported)");
-    model_family f = mpt(r.integer({"d_model"}), r.integer({"n_heads"}), r.integer({"n_layers"}),
-                         j.contains("expansion_ratio") ? r.integer({"expansion_ratio"}) : 4, kv,
-                         r.flag(j, "no_bias", false), r.real(attn, "alibi_bias_max", 8.0f));
-    const float scale = r.real(attn, "softmax_scale", 0.0f);
-    if (scale != 0.0f) f.layer.attention.scale = scale;
-    return f;
-  }
-  if (type == "baichuan") {
-    const index_t hidden = r.integer({"hidden_size"});
-    if (hidden == 4096)
-      r.fail(
-          "hidden_size is 4096: Baichuan's 7B models use rotary position embeddings, not "
-          "ALiBi");
-    return baichuan(hidden, r.integer({"num_attention_heads"}), r.integer({"intermediate_size"}),
-                    r.integer({"num_hidden_layers"}), r.real(j, "rms_norm_eps", 1e-6f));
-  }
-  if (type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel") {
-    // Missing fields take the defaults of the config class: FalconConfig's parallel_attn and
-    // multi_query are true, the older RWConfig's false.
-    const bool falcon_defaults = type == "falcon";
-    if (!r.flag(j, "alibi", false))
-      r.fail("alibi is not true: the model uses rotary position embeddings");
-    for (const char* k : {"parallel_attn", "multi_query", "new_decoder_architecture"})
-      if (r.flag(j, k, falcon_defaults && k[0] != 'n'))
-        r.fail(std::string(k) +
-               " is true (or missing): not the Falcon-RW layout of "
-               "families::falcon_rw");
-    return falcon_rw(r.integer({"hidden_size", "n_embed"}),
-                     r.integer({"num_attention_heads", "n_head"}),
-                     r.integer({"num_hidden_layers", "n_layer"}), r.flag(j, "bias", false),
-                     r.real(j, "layer_norm_epsilon", 1e-5f));
-  }
-  detail::raise(io_error("alibi::families::from_config: model_type '" + type +
-                         "' is not an ALiBi family alibi knows (bloom, mpt, baichuan, falcon)"));
+  model_family f = [&]() -> model_family {
+    if (type == "bloom") {
+      if (r.flag(j, "apply_residual_connection_post_layernorm", false))
+        r.fail(
+            "apply_residual_connection_post_layernorm is true: not the layer of "
+            "families::bloom");
+      return bloom(
+          r.integer({"hidden_size", "n_embed"}), r.integer({"n_head", "num_attention_heads"}),
+          r.integer({"n_layer", "num_hidden_layers"}), r.real(j, "layer_norm_epsilon", 1e-5f));
+    }
+    if (type == "mpt") {
+      static const nlohmann::json none = nlohmann::json::object();
+      const nlohmann::json& attn = j.contains("attn_config") ? j.at("attn_config") : none;
+      if (!r.flag(attn, "alibi", false))
+        r.fail("attn_config.alibi is not true: the model does not use ALiBi");
+      const std::string attn_type = r.text(attn, "attn_type", "multihead_attention");
+      index_t kv = 0;  // multi-head
+      if (attn_type == "multiquery_attention") kv = 1;
+      if (attn_type == "grouped_query_attention")
+        kv = detail::config_reader{attn, type}.integer({"kv_n_heads"});
+      // Options of MPT's layer that families::mpt does not have are refused, not ignored.
+      if (r.flag(attn, "qk_ln", false)) r.fail("attn_config.qk_ln is true (not supported)");
+      if (attn.is_object() && attn.contains("clip_qkv") && !attn.at("clip_qkv").is_null())
+        r.fail("attn_config.clip_qkv is set (not supported)");
+      if (r.flag(attn, "prefix_lm", false))
+        r.fail("attn_config.prefix_lm is true: a bidirectional prefix (not supported)");
+      if (j.contains("logit_scale") && !j.at("logit_scale").is_null())
+        r.fail("logit_scale is set: the logits would be scaled (not supported)");
+      static const nlohmann::json no_ffn = nlohmann::json::object();
+      const nlohmann::json& ffn = j.contains("ffn_config") ? j.at("ffn_config") : no_ffn;
+      if (r.text(ffn, "ffn_type", "mptmlp") != "mptmlp")
+        r.fail("ffn_config.ffn_type is not \"mptmlp\" (not supported)");
+      if (r.text(j, "norm_type", "low_precision_layernorm").find("layernorm") == std::string::npos)
+        r.fail("norm_type is not a LayerNorm (not supported)");
+      model_family f = mpt(r.integer({"d_model"}), r.integer({"n_heads"}), r.integer({"n_layers"}),
+                           j.contains("expansion_ratio") ? r.integer({"expansion_ratio"}) : 4, kv,
+                           r.flag(j, "no_bias", false), r.real(attn, "alibi_bias_max", 8.0f));
+      const float scale = r.real(attn, "softmax_scale", 0.0f);
+      if (scale != 0.0f) f.layer.attention.scale = scale;
+      return f;
+    }
+    if (type == "baichuan") {
+      const index_t hidden = r.integer({"hidden_size"});
+      if (hidden == 4096)
+        r.fail(
+            "hidden_size is 4096: Baichuan's 7B models use rotary position embeddings, not "
+            "ALiBi");
+      // Baichuan2's configs, unlike Baichuan-13B's, carry z_loss_weight and its 125,696-token
+      // vocabulary; its head normalizes its rows.
+      const bool baichuan2 = j.contains("z_loss_weight") ||
+                             (j.contains("vocab_size") && r.integer({"vocab_size"}) == 125696);
+      return baichuan(hidden, r.integer({"num_attention_heads"}), r.integer({"intermediate_size"}),
+                      r.integer({"num_hidden_layers"}), r.real(j, "rms_norm_eps", 1e-6f),
+                      baichuan2);
+    }
+    if (type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel") {
+      // Missing fields take the defaults of the config class: FalconConfig's parallel_attn and
+      // multi_query are true, the older RWConfig's false.
+      const bool falcon_defaults = type == "falcon";
+      if (!r.flag(j, "alibi", false))
+        r.fail("alibi is not true: the model uses rotary position embeddings");
+      for (const char* k : {"parallel_attn", "multi_query", "new_decoder_architecture"})
+        if (r.flag(j, k, falcon_defaults && k[0] != 'n'))
+          r.fail(std::string(k) +
+                 " is true (or missing): not the Falcon-RW layout of "
+                 "families::falcon_rw");
+      if (r.flag(j, "apply_residual_connection_post_layernorm", false))
+        r.fail(
+            "apply_residual_connection_post_layernorm is true: not the layer of "
+            "families::falcon_rw");
+      if (r.text(j, "activation", "gelu") != "gelu")
+        r.fail("activation is not \"gelu\" (not supported)");
+      return falcon_rw(r.integer({"hidden_size", "n_embed"}),
+                       r.integer({"num_attention_heads", "n_head"}),
+                       r.integer({"num_hidden_layers", "n_layer"}), r.flag(j, "bias", false),
+                       r.real(j, "layer_norm_epsilon", 1e-5f));
+    }
+    detail::raise(io_error("alibi::families::from_config: model_type '" + type +
+                           "' is not an ALiBi family alibi knows (bloom, mpt, baichuan, falcon)"));
+  }();
+  // A head of its own where the config says so (a checkpoint must then hold it).
+  if (!r.flag(j, "tie_word_embeddings", true)) f.own_head = true;
+  return f;
 }
 
 /// from_config() of a config.json file.

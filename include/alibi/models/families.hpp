@@ -56,6 +56,13 @@ struct model_family {
   std::string embedding;       // the token embedding (vocab, embed_dim)
   std::string embedding_norm;  // a norm on the embeddings (BLOOM), or empty
   std::string final_norm;      // the norm after the last layer
+  /// Whether the model has an output head of its own (lm_head.weight, which a checkpoint
+  /// must then hold: Baichuan) rather than one tied to the token embedding (BLOOM, MPT,
+  /// Falcon-RW).
+  bool own_head = false;
+  /// Whether the head's rows are divided by their L2 norms before use (Baichuan2's NormHead,
+  /// which does so at inference too).
+  bool normalized_head = false;
 
   /// The tensor prefix of layer i under a given root.
   std::string layer_prefix(index_t i, const std::string& at_root) const {
@@ -175,10 +182,11 @@ inline model_family mpt(index_t d_model, index_t n_heads, index_t n_layers,
 
 /// Baichuan-13B and Baichuan2-13B (baichuan-inc/Baichuan*-13B-*, the ALiBi models of the
 /// family; the 7B ones use rotary embeddings): RMSNorm (rms_norm_eps), no biases, SwiGLU FFN
-/// (gate_proj, up_proj, down_proj) of intermediate_size, concatenated W_pack.
+/// (gate_proj, up_proj, down_proj) of intermediate_size, concatenated W_pack, an output head
+/// of its own; `baichuan2`: the head's rows normalized (NormHead).
 inline model_family baichuan(index_t hidden_size, index_t num_attention_heads,
                              index_t intermediate_size, index_t num_hidden_layers,
-                             float rms_norm_eps = 1e-6f) {
+                             float rms_norm_eps = 1e-6f, bool baichuan2 = false) {
   model_family f;
   f.name = "baichuan";
   f.layer = detail_family::decoder("alibi::families::baichuan", hidden_size, num_attention_heads,
@@ -202,6 +210,8 @@ inline model_family baichuan(index_t hidden_size, index_t num_attention_heads,
   f.layers = "layers.";
   f.embedding = "embed_tokens";
   f.final_norm = "norm";
+  f.own_head = true;
+  f.normalized_head = baichuan2;
   return f;
 }
 
