@@ -11,20 +11,12 @@
 #include <random>
 #include <vector>
 
-#include <alibi/alibi.hpp>
 #include <alibi/serving.hpp>
 #include <catch2/catch.hpp>
 
-#include "layer_reference.hpp"
-
 using alibi::index_t;
-using alibi_test::randn;
-using alibi_test::random_weights;
-using alibi_test::set_all;
 
 namespace {
-
-using cpu = alibi::backend::eigen;
 
 std::vector<float> uniform(index_t n, unsigned seed, float amp = 1.0f) {
   std::mt19937 rng(seed);
@@ -180,65 +172,6 @@ TEST_CASE("paged_kv_cache: a batch's pages count one copy per holder that needs 
   const index_t before = cache.free_pages();
   for (const index_t s : {a, b, c}) append(cache, s, k, v, 1);
   REQUIRE(before - cache.free_pages() == 2);
-}
-
-TEST_CASE("paged layers: a batch of every holder of a shared page fits the pages it takes",
-          "[layers][cache][ragged]") {
-  // a and its fork b hold a partly filled page; with one page free, a step of one token each
-  // takes exactly that page (a copies, b then holds the old page alone).
-  alibi::mha_config mc;
-  mc.embed_dim = 16;
-  mc.q_heads = 2;
-  mc.kv_heads = 2;
-  alibi::multi_head_attention<float, cpu> mha(mc, cpu{1});
-  set_all(mha, random_weights(mha, 3));
-  alibi::paged_kv_cache<float> cache(3, 4, 2, 8, 2, 4);
-  std::vector<float> x = randn(8 * 16, 4), out(x.size());
-  auto call = [&](std::vector<index_t> cu, std::vector<index_t> seqs) {
-    alibi::ragged_batch batch;
-    batch.cu_seqlens = alibi::make_view<const index_t>(cu.data(), static_cast<index_t>(cu.size()));
-    batch.seqs = alibi::make_view<const index_t>(seqs.data(), static_cast<index_t>(seqs.size()));
-    mha.forward(alibi::make_view<const float>(x.data(), 1, cu.back(), 16),
-                alibi::make_view(out.data(), 1, cu.back(), 16), cache, batch);
-  };
-  const index_t a = cache.add_sequence();
-  call({0, 5}, {a});
-  const index_t b = cache.fork(a);
-  REQUIRE(cache.free_pages() == 1);
-  call({0, 1, 2}, {a, b});
-  REQUIRE(cache.length(a) == 6);
-  REQUIRE(cache.length(b) == 6);
-  REQUIRE(cache.free_pages() == 0);
-}
-
-TEST_CASE("paged layers: a Transformer layer refuses a bad batch before reading it",
-          "[layers][cache][ragged]") {
-  alibi::layer_config lc;
-  lc.attention.embed_dim = 16;
-  lc.attention.q_heads = 2;
-  lc.attention.kv_heads = 2;
-  lc.ff_dim = 32;
-  alibi::transformer_layer<float, cpu> layer(lc, cpu{1});
-  set_all(layer, random_weights(layer, 5));
-  alibi::paged_kv_cache<float> cache(4, 4, 2, 8, 2, 4);
-  const index_t a = cache.add_sequence();
-  std::vector<float> x = randn(4 * 16, 6), out(x.size());
-  std::vector<index_t> cu = {0, 2};
-  auto call = [&](alibi::tensor_view<const index_t, 1> seqs) {
-    alibi::ragged_batch batch;
-    batch.cu_seqlens = alibi::make_view<const index_t>(cu.data(), 2);
-    batch.seqs = seqs;
-    layer.forward(alibi::make_view<const float>(x.data(), 1, 2, 16),
-                  alibi::make_view(out.data(), 1, 2, 16), cache, batch);
-  };
-  REQUIRE_THROWS_AS(call(alibi::make_view<const index_t>(nullptr, 1)), alibi::argument_error);
-  const index_t inactive[] = {1};
-  REQUIRE_THROWS_WITH(call(alibi::make_view<const index_t>(inactive, 1)),
-                      Catch::Contains("not an active sequence"));
-  REQUIRE(cache.length(a) == 0);
-  const index_t ok[] = {a};
-  call(alibi::make_view<const index_t>(ok, 1));
-  REQUIRE(cache.length(a) == 2);
 }
 
 TEST_CASE("paged_kv_cache: int8 rows too small for a scale read back as zeros", "[layers][cache]") {

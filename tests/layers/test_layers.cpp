@@ -964,6 +964,19 @@ void check_key_norm_bounds(const Cache& cache) {
   }
 }
 
+/// A 32-feature attention module of 4 query heads on 2 KV heads, with random weights.
+struct gqa_module {
+  static alibi::mha_config config() {
+    alibi::mha_config c;
+    c.embed_dim = 32;
+    c.q_heads = 4;
+    c.kv_heads = 2;
+    return c;
+  }
+  alibi::multi_head_attention<float, cpu> m{config()};
+  gqa_module() { set_all(m, random_weights(m, 2)); }
+};
+
 }  // namespace
 
 TEST_CASE("KV cache: its key-norm bounds follow appends, truncation and clearing",
@@ -971,12 +984,8 @@ TEST_CASE("KV cache: its key-norm bounds follow appends, truncation and clearing
   // The cache's bounds (attention_params::key_norm_bounds for its decode steps) against
   // alibi::key_norm_bounds over each sequence's stored keys, bitwise; blocks past a
   // sequence's length hold 0. Lengths cross the 128-key blocks.
-  alibi::mha_config c;
-  c.embed_dim = 32;
-  c.q_heads = 4;
-  c.kv_heads = 2;
-  alibi::multi_head_attention<float, cpu> m(c);
-  set_all(m, random_weights(m, 2));
+  gqa_module g;
+  auto& m = g.m;
   auto cache = alibi::kv_cache<float, cpu, Eigen::half>::for_module(m, 2, 400);
   const index_t L = 150;
   auto x = randn(static_cast<std::size_t>(2 * L * 32), 4);
@@ -1017,12 +1026,8 @@ TEST_CASE("KV cache: a transaction returns truncated sequences to their fewest t
   // Sequence 0 holds 200 keys (two norm blocks) when the transaction begins; it is truncated
   // to 10 and grows past 200 with other tokens before the step fails. It must come back with
   // 10 keys and their bounds (sequence 1 with its 30), not with 200 and a stale bound.
-  alibi::mha_config c;
-  c.embed_dim = 32;
-  c.q_heads = 4;
-  c.kv_heads = 2;
-  alibi::multi_head_attention<float, cpu> m(c);
-  set_all(m, random_weights(m, 2));
+  gqa_module g;
+  auto& m = g.m;
   using cache_t = alibi::kv_cache<float, cpu>;
   auto cache = cache_t::for_module(m, 2, 400);
   const index_t L = 250;

@@ -3,10 +3,12 @@
 // ragged batches (prefill chunks, decode steps, a forked sequence sharing a prompt prefix)
 // against a paged_kv_cache; every row is checked against the double-precision layer oracle
 // over its sequence's whole history, under the tolerance rule. Refused batches leave the
-// cache's lengths as they were.
+// cache's lengths as they were; a batch of every holder of a shared page takes only the pages
+// it needs.
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include <alibi/alibi.hpp>
@@ -25,15 +27,41 @@ namespace {
 
 using cpu = alibi::backend::eigen;
 
+/// An attention module's settings: embed_dim E, its query and KV heads.
+alibi::mha_config mha_of(index_t E, index_t q_heads, index_t kv_heads) {
+  alibi::mha_config c;
+  c.embed_dim = E;
+  c.q_heads = q_heads;
+  c.kv_heads = kv_heads;
+  return c;
+}
+
+/// A Transformer layer's settings around mha_of, with an FFN of ff features.
+alibi::layer_config layer_of(index_t E, index_t q_heads, index_t kv_heads, index_t ff) {
+  alibi::layer_config c;
+  c.attention = mha_of(E, q_heads, kv_heads);
+  c.ff_dim = ff;
+  return c;
+}
+
+/// One ragged forward of an attention module over its paged cache: the rows cu of x
+/// (1, total_rows, embed_dim) for the slots seqs, into out.
+template <class Module, class S>
+void paged_forward(Module& mha, alibi::paged_kv_cache<S>& cache, const std::vector<float>& x,
+                   std::vector<float>& out, std::vector<index_t> cu, std::vector<index_t> seqs) {
+  const index_t E = mha.config().embed_dim;
+  alibi::ragged_batch batch;
+  batch.cu_seqlens = alibi::make_view<const index_t>(cu.data(), static_cast<index_t>(cu.size()));
+  batch.seqs = alibi::make_view<const index_t>(seqs.data(), static_cast<index_t>(seqs.size()));
+  mha.forward(alibi::make_view<const float>(x.data(), 1, cu.back(), E),
+              alibi::make_view(out.data(), 1, cu.back(), E), cache, batch);
+}
+
 }  // namespace
 
 TEST_CASE("paged layers: a Transformer layer serves ragged batches as the oracle computes them",
           "[layers][ragged]") {
-  alibi::layer_config lc;
-  lc.attention.embed_dim = 64;
-  lc.attention.q_heads = 8;
-  lc.attention.kv_heads = 2;
-  lc.ff_dim = 96;
+  alibi::layer_config lc = layer_of(64, 8, 2, 96);
   const bool llama_like = GENERATE(false, true);
   if (llama_like) {
     lc.norm = alibi::norm_position::pre;
@@ -107,21 +135,13 @@ TEST_CASE("paged layers: a Transformer layer serves ragged batches as the oracle
 
 TEST_CASE("paged layers: the attention module refuses bad batches and leaves lengths as they were",
           "[layers][ragged]") {
-  alibi::mha_config mc;
-  mc.embed_dim = 32;
-  mc.q_heads = 4;
-  mc.kv_heads = 4;
-  alibi::multi_head_attention<float, cpu> mha(mc, cpu{1});
+  alibi::multi_head_attention<float, cpu> mha(mha_of(32, 4, 4), cpu{1});
   set_all(mha, random_weights(mha, 5));
   alibi::paged_kv_cache<Eigen::half> cache(4, 4, 4, 8, 2, 4);
   const index_t a = cache.add_sequence(), b = cache.add_sequence();
   std::vector<float> x = randn(20 * 32, 6), out(x.size());
   auto call = [&](std::vector<index_t> cu, std::vector<index_t> seqs) {
-    alibi::ragged_batch batch;
-    batch.cu_seqlens = alibi::make_view<const index_t>(cu.data(), static_cast<index_t>(cu.size()));
-    batch.seqs = alibi::make_view<const index_t>(seqs.data(), static_cast<index_t>(seqs.size()));
-    mha.forward(alibi::make_view<const float>(x.data(), 1, cu.back(), 32),
-                alibi::make_view(out.data(), 1, cu.back(), 32), cache, batch);
+    paged_forward(mha, cache, x, out, std::move(cu), std::move(seqs));
   };
   call({0, 6, 9}, {a, b});
   REQUIRE(cache.length(a) == 6);
@@ -135,7 +155,68 @@ TEST_CASE("paged layers: the attention module refuses bad batches and leaves len
   REQUIRE(cache.length(a) == 6);
   REQUIRE(cache.length(b) == 3);
   REQUIRE(cache.free_pages() == 1);
+  // Refused by the attention itself, after the appends (b's takes the free page): the step
+  // is undone and the page returns.
+  alibi::forward_options bad;
+  bad.mask.window_left = -2;
+  std::vector<index_t> cu = {0, 2, 4}, seqs = {a, b};
+  alibi::ragged_batch batch;
+  batch.cu_seqlens = alibi::make_view<const index_t>(cu.data(), 3);
+  batch.seqs = alibi::make_view<const index_t>(seqs.data(), 2);
+  REQUIRE_THROWS_WITH(mha.forward(alibi::make_view<const float>(x.data(), 1, 4, 32),
+                                  alibi::make_view(out.data(), 1, 4, 32), cache, batch, bad),
+                      Catch::Contains("window_left"));
+  REQUIRE(cache.length(a) == 6);
+  REQUIRE(cache.length(b) == 3);
+  REQUIRE(cache.free_pages() == 1);
   call({0, 2, 3}, {a, b});
   REQUIRE(cache.length(a) == 8);
   REQUIRE(cache.length(b) == 4);
+}
+
+TEST_CASE("paged layers: a batch of every holder of a shared page fits the pages it takes",
+          "[layers][cache][ragged]") {
+  // a and its fork b hold a partly filled page; with one page free, a step of one token each
+  // takes exactly that page (a copies, b then holds the old page alone).
+  alibi::multi_head_attention<float, cpu> mha(mha_of(16, 2, 2), cpu{1});
+  set_all(mha, random_weights(mha, 3));
+  alibi::paged_kv_cache<float> cache(3, 4, 2, 8, 2, 4);
+  std::vector<float> x = randn(8 * 16, 4), out(x.size());
+  auto call = [&](std::vector<index_t> cu, std::vector<index_t> seqs) {
+    paged_forward(mha, cache, x, out, std::move(cu), std::move(seqs));
+  };
+  const index_t a = cache.add_sequence();
+  call({0, 5}, {a});
+  const index_t b = cache.fork(a);
+  REQUIRE(cache.free_pages() == 1);
+  call({0, 1, 2}, {a, b});
+  REQUIRE(cache.length(a) == 6);
+  REQUIRE(cache.length(b) == 6);
+  REQUIRE(cache.free_pages() == 0);
+}
+
+TEST_CASE("paged layers: a Transformer layer refuses a bad batch before reading it",
+          "[layers][cache][ragged]") {
+  alibi::layer_config lc = layer_of(16, 2, 2, 32);
+  alibi::transformer_layer<float, cpu> layer(lc, cpu{1});
+  set_all(layer, random_weights(layer, 5));
+  alibi::paged_kv_cache<float> cache(4, 4, 2, 8, 2, 4);
+  const index_t a = cache.add_sequence();
+  std::vector<float> x = randn(4 * 16, 6), out(x.size());
+  std::vector<index_t> cu = {0, 2};
+  auto call = [&](alibi::tensor_view<const index_t, 1> seqs) {
+    alibi::ragged_batch batch;
+    batch.cu_seqlens = alibi::make_view<const index_t>(cu.data(), 2);
+    batch.seqs = seqs;
+    layer.forward(alibi::make_view<const float>(x.data(), 1, 2, 16),
+                  alibi::make_view(out.data(), 1, 2, 16), cache, batch);
+  };
+  REQUIRE_THROWS_AS(call(alibi::make_view<const index_t>(nullptr, 1)), alibi::argument_error);
+  const index_t inactive[] = {1};
+  REQUIRE_THROWS_WITH(call(alibi::make_view<const index_t>(inactive, 1)),
+                      Catch::Contains("not an active sequence"));
+  REQUIRE(cache.length(a) == 0);
+  const index_t ok[] = {a};
+  call(alibi::make_view<const index_t>(ok, 1));
+  REQUIRE(cache.length(a) == 2);
 }
