@@ -201,8 +201,13 @@ status check_optional(const char* fn, const char* name, const tensor_view<T, R>&
 inline status check_call_params(const std::string& f, const attention_params& p, index_t B,
                                 index_t Hq, index_t D, bool host_values, float& scale_out) {
   const float scale = p.scale ? *p.scale : (D > 0 ? 1.0f / std::sqrt(static_cast<float>(D)) : 1.0f);
-  if (!std::isfinite(scale))
-    return status::failure(f + ": params.scale must be finite, got " + std::to_string(scale));
+  // Why a bound on the scale and the slopes: the kernels form scale * log2(e) and
+  // slope * log2(e) * distance (distances below 2^61) in fp32. Up to 2^64 these stay finite;
+  // past it they may overflow, and 0 * inf at a zero query or the nearest key is NaN.
+  constexpr float max_magnitude = 0x1p64f;
+  if (!std::isfinite(scale) || std::fabs(scale) > max_magnitude)
+    return status::failure(f + ": params.scale must be finite and at most 2^64 in magnitude, got " +
+                           std::to_string(scale));
   constexpr index_t pos_limit = index_t(1) << 60;
   if (p.mask.window_left < -1 || p.mask.window_right < -1 || p.mask.window_left >= pos_limit ||
       p.mask.window_right >= pos_limit)
@@ -231,20 +236,33 @@ inline status check_call_params(const std::string& f, const attention_params& p,
     if (host_values)
       for (index_t b = 0; b < sc.values.extents[0]; ++b)
         for (index_t h = 0; h < sc.values.extents[1]; ++h)
-          if (!std::isfinite(sc.values(b, h)))
-            return status::failure(f + ": params.slopes.values must be finite, got " +
-                                   std::to_string(sc.values(b, h)) + " at (" + str(b) + ", " +
-                                   str(h) + ")");
+          if (!std::isfinite(sc.values(b, h)) || std::fabs(sc.values(b, h)) > max_magnitude)
+            return status::failure(
+                f + ": params.slopes.values must be finite and at most 2^64 in magnitude, got " +
+                std::to_string(sc.values(b, h)) + " at (" + str(b) + ", " + str(h) + ")");
   } else {
     if (!std::isfinite(sc.max_bias) || !std::isfinite(sc.scale))
       return status::failure(f + ": params.slopes.max_bias and params.slopes.scale must be finite");
     if (sc.global_heads < 0 || sc.head_offset < 0 ||
         (sc.global_heads > 0 && sc.head_offset > sc.global_heads - Hq) ||
         (sc.global_heads == 0 && sc.head_offset != 0))
-      return status::failure(f + ": params.slopes: heads [head_offset, head_offset + q_heads) = [" +
-                             str(sc.head_offset) + ", " + str(sc.head_offset + Hq) +
-                             ") must lie within [0, global_heads = " + str(sc.global_heads) +
-                             ") (set global_heads when head_offset is set)");
+      return status::failure(f + ": params.slopes: heads [head_offset, head_offset + q_heads) " +
+                             "with head_offset = " + str(sc.head_offset) +
+                             " and q_heads = " + str(Hq) + " must lie within [0, global_heads = " +
+                             str(sc.global_heads) + ") (set global_heads when head_offset is set)");
+    // The generated slopes as the kernels take them (attention_problem::slope): a negative
+    // max_bias makes them grow as 2^-max_bias, and slopes.scale multiplies them.
+    if (sc.enabled) {
+      const index_t global = sc.global_heads > 0 ? sc.global_heads : Hq;
+      for (index_t h = 0; h < Hq; ++h) {
+        const float m = slope(sc.head_offset + h, global, sc.max_bias) * sc.scale;
+        if (!std::isfinite(m) || std::fabs(m) > max_magnitude)
+          return status::failure(f + ": params.slopes.max_bias = " + std::to_string(sc.max_bias) +
+                                 " and params.slopes.scale = " + std::to_string(sc.scale) +
+                                 " give head " + str(sc.head_offset + h) + " the slope " +
+                                 std::to_string(m) + "; slopes must be at most 2^64 in magnitude");
+      }
+    }
   }
   scale_out = scale;
   return {};

@@ -76,6 +76,11 @@ index_t row_stride(const char* fn, const char* name, const tensor_view<T, 3>& x,
   if (x.extents[2] != features)
     detail::raise(argument_error(f + ": " + name + ".extent(2) must be " + str(features) +
                                  " (features), got " + str(x.extents[2])));
+  // Negative extents would make size() positive (-2 * -3) while the view addresses nothing.
+  if (detail::checked_product({x.extents[0], x.extents[1], x.extents[2]}) < 0)
+    detail::raise(argument_error(f + ": " + name + "'s extents must be >= 0 with a product that " +
+                                 "fits in int64, got (" + str(x.extents[0]) + ", " +
+                                 str(x.extents[1]) + ", " + str(x.extents[2]) + ")"));
   if (x.size() > 0 && x.data == nullptr)
     detail::raise(argument_error(f + ": " + name + ".data is null"));
   if (x.extents[2] > 1 && x.strides[2] != 1)
@@ -87,7 +92,8 @@ index_t row_stride(const char* fn, const char* name, const tensor_view<T, 3>& x,
     detail::raise(argument_error(f + ": " + name +
                                  "'s row stride (stride(1), or stride(0) when extent(1) " +
                                  "is 1) must be >= " + str(features) + ", got " + str(ld)));
-  if (x.extents[0] > 1 && x.extents[1] > 1 && x.strides[0] != x.extents[1] * ld)
+  if (x.extents[0] > 1 && x.extents[1] > 1 &&
+      x.strides[0] != detail::checked_product({x.extents[1], ld}))
     detail::raise(argument_error(
         f + ": " + name + ".stride(0) must be extent(1) * stride(1) = " + str(x.extents[1] * ld) +
         " (rows of every batch entry evenly spaced), got " + str(x.strides[0])));

@@ -86,7 +86,10 @@ status check_merge(const tensor_view<TA, 4>& out_a, const tensor_view<const floa
                              "extent(" +
                              str(d) + ") is " + str(lse_a.extents[d]) + " and " +
                              str(lse_b.extents[d]) + ", expected " + str(rows[d]));
-  return check_optional(fn, "lse", lse, rows, "(batch, heads, len)");
+  if (status s = check_optional(fn, "lse", lse, rows, "(batch, heads, len)"); !s) return s;
+  // The rows are merged in parallel: an output element written from two rows would race.
+  if (status s = check_no_overlap(fn, "out", out); !s) return s;
+  return check_no_overlap(fn, "lse", lse);
 }
 
 }  // namespace detail

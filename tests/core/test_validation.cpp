@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Bad input gets an alibi::error naming the argument and what was expected, from
 // attention() and, without throwing, from can_implement().
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -325,6 +327,52 @@ TEST_CASE("caller slopes must be finite", "[validation]") {
          {message_of(alibi::backend::reference{}, f, p), message_of(alibi::backend::eigen{}, f, p)})
       REQUIRE_THAT(m, Contains("params.slopes.values must be finite") && Contains("(1, 2)"));
   }
+}
+
+TEST_CASE("slopes and scales past 2^64 are refused; up to it the output is finite",
+          "[validation]") {
+  // The kernels form scale * log2(e) and slope * log2(e) * distance in fp32: past 2^64 these
+  // may overflow, and 0 * inf (a zero query, the nearest key) made every row NaN.
+  fixture f;  // 4 query heads, batch 2; a zero query
+  std::fill(f.qb.begin(), f.qb.end(), 0.0f);
+  auto finite_output = [&](const alibi::attention_params& p) {
+    alibi::attention(alibi::backend::eigen{1}, f.q, f.k, f.v, f.out, p);
+    for (index_t i = 0; i < f.out.size(); ++i)
+      if (!std::isfinite(f.ob[static_cast<std::size_t>(i)])) return false;
+    return true;
+  };
+  const float edge = 0x1p64f, past = 3e38f;
+  for (const float m : {edge, -edge, past, -past}) {
+    std::vector<float> s(4, 0.25f);
+    s[3] = m;
+    alibi::attention_params p;
+    p.slopes = alibi::slope_config::per_head(s.data(), 4);
+    if (std::fabs(m) <= edge) {
+      REQUIRE(finite_output(p));
+    } else {
+      for (const std::string& msg : {message_of(alibi::backend::reference{}, f, p),
+                                     message_of(alibi::backend::eigen{}, f, p)})
+        REQUIRE_THAT(msg, Contains("params.slopes.values must be finite and at most 2^64"));
+    }
+  }
+  alibi::attention_params p;
+  p.slopes.max_bias = -64.0f;  // 4 heads: 2^16, 2^32, 2^48, 2^64
+  REQUIRE(finite_output(p));
+  p.slopes.max_bias = -127.0f;  // head 2: 2^95, past the bound (head 3: 2^127, finite)
+  REQUIRE_THAT(message_of(alibi::backend::eigen{}, f, p),
+               Contains("params.slopes.max_bias = -127") && Contains("head 2"));
+  p.slopes.max_bias = -1.0f;
+  p.slopes.scale = 3e38f;
+  REQUIRE_THAT(message_of(alibi::backend::eigen{}, f, p), Contains("params.slopes.scale"));
+  p.slopes.enabled = false;  // no slopes: nothing to bound
+  REQUIRE(message_of(alibi::backend::eigen{}, f, p) == "ok");
+  alibi::attention_params q;
+  q.scale = edge;
+  REQUIRE(finite_output(q));
+  q.scale = -past;
+  REQUIRE_THAT(message_of(alibi::backend::eigen{}, f, q),
+               Contains("params.scale must be finite and at most 2^64"));
+  REQUIRE_THROWS_WITH(alibi::slopes(8, -200.0f), Contains("beyond float's range"));
 }
 
 TEST_CASE("every throw goes through one noreturn function", "[validation]") {

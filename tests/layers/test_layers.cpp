@@ -323,6 +323,21 @@ TEST_CASE("norm_layer: LayerNorm and RMSNorm rows match the reference, in place 
       }
   REQUIRE_THROWS_WITH((alibi::norm_layer<float, cpu>({0})),
                       Catch::Contains("config.dim must be > 0"));
+  // eps = 0 divided by zero on constant rows (padding): refused.
+  REQUIRE_THROWS_WITH(
+      (alibi::norm_layer<float, cpu>({24, alibi::norm_type::layer_norm, true, 0.0f})),
+      Catch::Contains("config.eps must be finite and > 0"));
+  alibi::layer_config lc;
+  lc.attention.embed_dim = 8;
+  lc.attention.q_heads = 2;
+  lc.norm_eps = 0.0f;
+  REQUIRE_THROWS_WITH((alibi::transformer_layer<float, cpu>(lc)),
+                      Catch::Contains("config.norm_eps must be finite and > 0"));
+  // Negative extents made size() positive over a view that addresses nothing.
+  alibi::norm_layer<float, cpu> n({4});
+  std::vector<float> buf(4);
+  const auto neg = alibi::make_strided_view<float, 3>(buf.data(), {-2, -3, 4}, {12, 4, 1});
+  REQUIRE_THROWS_WITH(n.forward(neg, neg), Catch::Contains("extents must be >= 0"));
 }
 
 TEST_CASE("transformer_layer works in place (out = x)", "[layers]") {

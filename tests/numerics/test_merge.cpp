@@ -132,4 +132,11 @@ TEST_CASE("merge_partials: empty sides, NaN, in place, errors", "[merge]") {
   auto short_lse = alibi::make_view(lb.data(), 1, 1, 1);
   REQUIRE_THROWS_WITH(alibi::merge_partials(be, v4(a), v3(la), v4(b), short_lse, v4(o), v3(l)),
                       Catch::Contains("lse_a and lse_b must have shape"));
+  // Outputs written from two rows at once (rows are merged in parallel) are refused.
+  const auto same_row = alibi::make_strided_view<float, 4>(o.data(), {1, 1, 2, 2}, {4, 4, 0, 1});
+  REQUIRE_THROWS_WITH(alibi::merge_partials(be, v4(a), v3(la), v4(b), v3(lb), same_row, v3(l)),
+                      Catch::Contains("out"));
+  const auto same_lse = alibi::make_strided_view<float, 3>(l.data(), {1, 1, 2}, {2, 2, 0});
+  REQUIRE_THROWS_WITH(alibi::merge_partials(be, v4(a), v3(la), v4(b), v3(lb), v4(o), same_lse),
+                      Catch::Contains("lse"));
 }

@@ -31,8 +31,9 @@ ALIBI_HOST_DEVICE inline float slope(std::int64_t h, std::int64_t num_heads,
   const double b = static_cast<double>(max_bias);
   // Why an integer numerator: -B*(h+1)/n computed as one division keeps the exponent
   // exact for power-of-two n, so slope(h) is exactly 2^-k wherever the paper's is.
-  const double e = h < n ? -b * static_cast<double>(h + 1) / static_cast<double>(n)
-                         : -b * static_cast<double>(2 * (h - n) + 1) / static_cast<double>(2 * n);
+  const double e =
+      h < n ? -b * static_cast<double>(h + 1) / static_cast<double>(n)
+            : -b * (2.0 * static_cast<double>(h - n) + 1.0) / (2.0 * static_cast<double>(n));
   return static_cast<float>(exp2(e));
 }
 
@@ -57,8 +58,14 @@ inline std::vector<float> slopes_slice(std::int64_t global_heads, std::int64_t h
     detail::raise(argument_error("alibi::slopes_slice: count (" + std::to_string(count) +
                                  ") slopes do not fit in a std::vector<float>"));
   std::vector<float> out(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i)
+  for (std::int64_t i = 0; i < count; ++i) {
     out[static_cast<std::size_t>(i)] = slope(head_offset + i, global_heads, max_bias) * scale;
+    if (!std::isfinite(out[static_cast<std::size_t>(i)]))
+      detail::raise(argument_error("alibi::slopes_slice: max_bias = " + std::to_string(max_bias) +
+                                   " and scale = " + std::to_string(scale) + " give head " +
+                                   std::to_string(head_offset + i) +
+                                   " a slope beyond float's range"));
+  }
   return out;
 }
 

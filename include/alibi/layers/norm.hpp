@@ -3,6 +3,8 @@
 // BLOOM's embedding LayerNorm), with the layers' parameter table and backend operations.
 #pragma once
 
+#include <cmath>
+
 #include <string>
 #include <vector>
 
@@ -26,8 +28,10 @@ class norm_layer {
     if (cfg_.dim <= 0)
       detail::raise(argument_error("alibi::norm_layer: config.dim must be > 0, got " +
                                    detail::str(cfg_.dim)));
-    if (!(cfg_.eps >= 0.0f))
-      detail::raise(argument_error("alibi::norm_layer: config.eps must be >= 0"));
+    // eps = 0 would divide by zero on a constant row (padding rows are often all zeros).
+    if (!(cfg_.eps > 0.0f) || !std::isfinite(cfg_.eps))
+      detail::raise(argument_error("alibi::norm_layer: config.eps must be finite and > 0, got " +
+                                   std::to_string(cfg_.eps)));
     if (cfg_.kind == norm_type::rms_norm) cfg_.bias = false;
     params_.owner = "alibi::norm_layer";
     params_.slots = {{"weight", {cfg_.dim}, &norm_layer::gamma_, 1.0f}};

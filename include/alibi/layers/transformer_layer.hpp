@@ -4,6 +4,7 @@
 // a gated feed-forward network): the layers of seed 001 and of BLOOM, MPT, Baichuan, Falcon.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <string>
@@ -68,8 +69,11 @@ class transformer_layer {
     if (cfg_.ff_dim < 0)
       detail::raise(argument_error("alibi::transformer_layer: config.ff_dim must be >= 0, got " +
                                    detail::str(cfg_.ff_dim)));
-    if (!(cfg_.norm_eps >= 0.0f))
-      detail::raise(argument_error("alibi::transformer_layer: config.norm_eps must be >= 0"));
+    // eps = 0 would divide by zero on a constant row (padding rows are often all zeros).
+    if (!(cfg_.norm_eps > 0.0f) || !std::isfinite(cfg_.norm_eps))
+      detail::raise(
+          argument_error("alibi::transformer_layer: config.norm_eps must be finite and > 0, got " +
+                         std::to_string(cfg_.norm_eps)));
     if (cfg_.norm_kind == norm_type::rms_norm) cfg_.norm_bias = false;
     const index_t F = cfg_.ff_dim;
     const bool gated = cfg_.ffn == ffn_type::gated;
