@@ -150,6 +150,21 @@ void refused_arguments(eigen_runner& r) {
       expect_refused(k + ", q_lengths without k_lengths", true, "params.q_lengths needs",
                      [&] { call(p); });
     }
+    // Caller slopes on some ranks only, or other values on rank 0: every rank's heads must
+    // get the same slopes, so the ranks refuse alike.
+    if (P > 1) {
+      const index_t heads = kind == 2 ? 12 : small_call::H;
+      std::vector<float> slopes(static_cast<std::size_t>(heads), 0.5f);
+      if (rank == 0) slopes[1] = 0.25f;
+      alibi::attention_params p;
+      p.slopes = alibi::slope_config::per_head(slopes.data(), heads);
+      mpi_checks::expect_error(k + ", caller slopes of other values on rank 0",
+                               "disagree on params.slopes.values", [&] { call(p); });
+      if (rank == 0) p.slopes = {};
+      mpi_checks::expect_error(k + ", caller slopes on some ranks only",
+                               "disagree on whether params.slopes.values is given",
+                               [&] { call(p); });
+    }
     // Only rank 0 holds rows of the sequences (the others only padding), with a window out
     // of range on every rank: the padding-only ranks, which make no partial call, raise too.
     {
@@ -179,7 +194,9 @@ struct sweep_problem {
   std::vector<float> out, lse;
   alibi::attention_params params;
 
-  sweep_problem() {
+  /// window_left >= 0: a causal window shorter than a part, so that each rank needs only its
+  /// own part and the one before (no part goes counter-clockwise round the ring).
+  explicit sweep_problem(index_t window_left = -1) {
     std::mt19937 rng(11);
     std::normal_distribution<float> randn;
     auto fill = [&](index_t heads) {
@@ -196,6 +213,7 @@ struct sweep_problem {
     out.assign(static_cast<std::size_t>(B * H * n * D), 0.0f);
     lse.assign(static_cast<std::size_t>(B * H * n), 0.0f);
     params.mask.causal = true;
+    params.mask.window_left = window_left;
     params.slopes.max_bias = 2.0f;
     params.k_lengths = alibi::make_view<const index_t>(lengths.data(), B);
   }
@@ -243,9 +261,12 @@ struct sweep_problem {
 /// Every allocation of one call on `victim`, failing in turn while the other ranks run
 /// normally: every rank must raise an alibi::error (the others naming the victim), and the
 /// next call must give the first call's result bitwise (the eigen backend is deterministic).
-void allocation_sweep(bool alltoall, int victim) {
-  sweep_problem s;
-  const std::string kind = alltoall ? "alltoall" : "ring";
+/// With a window, a rank that fails before its far-chunk plan must not ask for parts the
+/// masks do not need (a part from the other way round the ring had no buffer).
+void allocation_sweep(bool alltoall, int victim, index_t window_left = -1) {
+  sweep_problem s(window_left);
+  const std::string kind =
+      std::string(alltoall ? "alltoall" : "ring") + (window_left >= 0 ? " with a window" : "");
   s.call(alltoall);
   s.call(alltoall);  // any allocation made once per process is made by now
   const double err = s.error_vs_reference();
@@ -310,6 +331,7 @@ int main(int argc, char** argv) {
   refused_arguments(eigen);
   allocation_sweep(false, P - 1);
   allocation_sweep(false, 0);
+  allocation_sweep(false, 1 % P, 4);
   allocation_sweep(true, 0);
   allocation_sweep(true, P - 1);
   int total = 0;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // alibi::mpi::ring_attention and alltoall_attention under mpirun (ctest label mpi, 1, 2, 3 and 4
 // ranks; the cases are tests/mpi/mpi_ring_cases.hpp), with the eigen backend and with staged_eigen
-// (tests/support/staged_backend.hpp), which takes the host-staging path of backend::cuda on the CPU:
-// every staged call must make staging copies, and its results are held to the same bounds.
+// (tests/support/staged_backend.hpp), which takes the host-staging path of backend::cuda on the
+// CPU: every staged call must make staging copies, and its results are held to the same bounds.
 // Then failures: a staging copy that throws on the last rank, at each of many points of a
 // call, must become an alibi::error on every rank (a hang would end the test by its timeout).
 // Exit status: the number of failed checks over all ranks (0 = pass).

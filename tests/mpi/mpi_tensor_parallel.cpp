@@ -11,9 +11,9 @@
 // equals the full forward. The attention module alone is split by the test's own slicing of the
 // full module's parameters. Errors: ranks built with other configurations, heads the ranks do not
 // divide, forward calls of other shapes raise alibi::error on every rank. The layer and attention
-// cases run twice: with the eigen backend and with staged_eigen (tests/support/staged_backend.hpp), which
-// takes the all-reduce's host-staging path of backend::cuda on the CPU. Exit status: the number
-// of failed checks over all ranks (0 = pass).
+// cases run twice: with the eigen backend and with staged_eigen (tests/support/staged_backend.hpp),
+// which takes the all-reduce's host-staging path of backend::cuda on the CPU. Exit status: the
+// number of failed checks over all ranks (0 = pass).
 #include <mpi.h>
 
 #include <algorithm>
@@ -347,6 +347,21 @@ void error_cases() {
                    tp.forward(alibi::make_view<const float>(x6.data(), 1, 6, 48),
                               alibi::make_view(y6.data(), 1, Lo, 48));
                  });
+    // Caches that differ (one rank's full: it would refuse alone, inside its forward, and
+    // leave the others in the all-reduce): an error on every rank first.
+    auto cache = alibi::kv_cache<float, cpu>::for_module(tp.shard(), 1, rank == 1 ? 4 : 16);
+    expect_error("caches of other capacities", "disagree on the KV cache's capacity", [&] {
+      tp.forward(alibi::make_view<const float>(x6.data(), 1, 6, 48),
+                 alibi::make_view(y6.data(), 1, 6, 48), cache);
+    });
+    auto same = alibi::kv_cache<float, cpu>::for_module(tp.shard(), 1, 16);
+    tp.forward(alibi::make_view<const float>(x6.data(), 1, 6, 48),
+               alibi::make_view(y6.data(), 1, 6, 48), same);
+    if (rank == 1) same.truncate(0, 2);
+    expect_error("caches of other lengths", "disagree on the KV cache's lengths", [&] {
+      tp.forward(alibi::make_view<const float>(x6.data(), 1, 1, 48),
+                 alibi::make_view(y6.data(), 1, 1, 48), same);
+    });
   }
   if (P > 1) {
     alibi::layer_config odd = c;

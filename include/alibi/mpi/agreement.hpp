@@ -39,7 +39,8 @@ inline std::int64_t float_bits(float x) {
   return static_cast<std::int64_t>(u);
 }
 
-/// FNV-1a over a host view's values (lengths, a key mask): ranks compare the 64-bit hashes.
+/// FNV-1a over a host view's values (lengths, a key mask, caller slopes: floats by their
+/// bits): ranks compare the 64-bit hashes.
 template <class V>
 std::int64_t view_hash(const V& view, index_t rows, index_t cols) {
   std::uint64_t h = 1469598103934665603ull;
@@ -47,10 +48,16 @@ std::int64_t view_hash(const V& view, index_t rows, index_t cols) {
   for (index_t i = 0; i < rows; ++i)
     for (index_t j = 0; j < cols; ++j) {
       const std::int64_t x = [&]() -> std::int64_t {
-        if constexpr (V::rank == 1)
-          return static_cast<std::int64_t>(view(i));
+        const auto e = [&] {
+          if constexpr (V::rank == 1)
+            return view(i);
+          else
+            return view(i, j);
+        }();
+        if constexpr (std::is_floating_point<std::remove_cv_t<decltype(e)>>::value)
+          return float_bits(static_cast<float>(e));
         else
-          return static_cast<std::int64_t>(view(i, j));
+          return static_cast<std::int64_t>(e);
       }();
       h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
     }
@@ -166,11 +173,15 @@ inline void add_mask_words(agreement& a, const mask_spec& mask) {
   a.compare("mask.window_right", mask.window_right);
 }
 
-/// The generated slopes' words (whether ALiBi is on, max_bias, scale).
-inline void add_slope_words(agreement& a, const slope_config& slopes) {
+/// The slopes' words: whether ALiBi is on, max_bias, scale, whether caller slopes are given,
+/// and `values_hash`, a view_hash of them where every rank reads them on the host (else 0).
+inline void add_slope_words(agreement& a, const slope_config& slopes,
+                            std::int64_t values_hash = 0) {
   a.compare("slopes.enabled", slopes.enabled ? 1 : 0);
   a.compare("slopes.max_bias", float_bits(slopes.max_bias));
   a.compare("slopes.scale", float_bits(slopes.scale));
+  a.compare("whether params.slopes.values is given", slopes.values.data ? 1 : 0);
+  a.compare("params.slopes.values", values_hash);
 }
 
 /// This rank's own check of an attention call's arguments (ring, all-to-all): empty, or what
@@ -264,7 +275,9 @@ std::int64_t agree(MPI_Comm comm, const char* fn, const Backend& backend,
   add_mask_words(a, params.mask);
   a.compare("whether scale is set", params.scale ? 1 : 0);
   a.compare("scale", params.scale ? float_bits(*params.scale) : 0);
-  add_slope_words(a, params.slopes);
+  add_slope_words(
+      a, params.slopes,
+      view_hash(hp.slopes.values, hp.slopes.values.extents[0], hp.slopes.values.extents[1]));
   a.compare("slopes.global_heads", params.slopes.global_heads);
   a.compare("slopes.head_offset", params.slopes.head_offset);
   a.compare("skip_far_tiles", params.skip_far_tiles ? 1 : 0);
@@ -342,11 +355,19 @@ inline void add_module_words(agreement& a, const mha_config& attn, const layer_c
   a.compare("scale", attn.scale ? float_bits(*attn.scale) + 1 : 0);
 }
 
-/// A tensor-parallel forward call of x (batch, seq, embed_dim): its shape and options, which
-/// every rank must pass alike (the inputs themselves must be equal on every rank too: the
-/// ranks hold the same activations; their values are not compared).
+/// A tensor-parallel forward's KV cache as the ranks compare it: its batch, capacity and a
+/// view_hash of its lengths.
+struct cache_words {
+  std::int64_t batch, capacity, lengths;
+};
+
+/// A tensor-parallel forward call of x (batch, seq, embed_dim): its shape and options, and
+/// its KV cache's words (null: no cache), which every rank must pass alike (the inputs
+/// themselves must be equal on every rank too: the ranks hold the same activations; their
+/// values are not compared).
 template <class X>
-void add_forward_words(agreement& a, const X& x, const forward_options& opt, bool with_cache) {
+void add_forward_words(agreement& a, const X& x, const forward_options& opt,
+                       const cache_words* cache) {
   a.compare("batch", x.extents[0]);
   a.compare("sequence length", x.extents[1]);
   add_mask_words(a, opt.mask);
@@ -355,7 +376,10 @@ void add_forward_words(agreement& a, const X& x, const forward_options& opt, boo
   a.compare("k_lengths", view_hash(opt.k_lengths, opt.k_lengths.extents[0], 1));
   a.compare("key_padding_mask", view_hash(opt.key_padding_mask, opt.key_padding_mask.extents[0],
                                           opt.key_padding_mask.extents[1]));
-  a.compare("whether a KV cache is used", with_cache ? 1 : 0);
+  a.compare("whether a KV cache is used", cache ? 1 : 0);
+  a.compare("the KV cache's batch", cache ? cache->batch : 0);
+  a.compare("the KV cache's capacity", cache ? cache->capacity : 0);
+  a.compare("the KV cache's lengths", cache ? cache->lengths : 0);
 }
 
 }  // namespace mpi

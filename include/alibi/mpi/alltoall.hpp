@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -174,6 +175,14 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
                  std::to_string(P) + ")";
         if (params.slopes.values.data && params.slopes.values.extents[1] != q.extents[1])
           return std::string(fn) + ": params.slopes.values must have one column per query head";
+        // One exchange's block is this rank's rows of one rank's heads: with more query
+        // heads than KV heads, q's and out's blocks exceed the K/V part the common check
+        // bounds.
+        const index_t block = alibi::detail::checked_product(
+            {q.extents[0], q.extents[1] / P, q.extents[2], std::max(q.extents[3], out.extents[3])});
+        if (block < 0 || block > std::numeric_limits<int>::max())
+          return std::string(fn) + ": a block of q or out, batch * q_heads / ranks * rows * " +
+                 "head_dim, has more than 2^31 - 1 elements (one MPI message's count)";
         return std::string();
       },
       lengths);

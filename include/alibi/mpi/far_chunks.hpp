@@ -57,7 +57,8 @@ struct far_chunks {
     if (!(l > -1e300 && l < 1e300)) return -1;
     const double x = (bound.log_bound(qn, km, 0) - l - skip_log_epsilon) / bound.slope;
     if (!(x < 1e18)) return -1;  // NaN, or beyond any position
-    index_t d = std::max<index_t>(dn, static_cast<index_t>(std::ceil(x)));
+    // x may be -inf or below int64 (tiny slopes, a large lse): clamped before the cast.
+    index_t d = std::max<index_t>(dn, static_cast<index_t>(std::ceil(std::max(x, 0.0))));
     // The bound decreases with d; the rounding of x may leave it one step short.
     for (int step = 0; step < 2; ++step, ++d)
       if (bound.log_bound(qn, km, d) - l <= skip_log_epsilon) return d;

@@ -286,8 +286,10 @@ class ring_call {
     far_.kmax.assign(kmax_mine_.size() * static_cast<std::size_t>(P_), 0.0f);
     far_.seq_len = seq_len_;
     far_.qnorm.assign(static_cast<std::size_t>(rows_all_), 0.0f);
-    // Every part needed until this rank decides (a failed rank's decisions stay so).
-    decisions_.assign(static_cast<std::size_t>(P_), 1);
+    // The parts the masks need until this rank decides (a failed rank's decisions stay so):
+    // never more, since allocate() sized the buffers and directions for those alone.
+    decisions_.assign(need_.begin() + static_cast<std::ptrdiff_t>(rank_) * P_,
+                      need_.begin() + static_cast<std::ptrdiff_t>(rank_ + 1) * P_);
     if constexpr (staged<Backend>) {
       q_host_.resize(static_cast<std::size_t>(rows_all_ * Dk_));
       lse_host_.resize(static_cast<std::size_t>(rows_all_));
@@ -474,7 +476,7 @@ class ring_call {
                   "MPI_Isend (K)");
         check_mpi(MPI_Isend(m.vin[d], vn, MPI_FLOAT, to[d], tag + 1, comm_, m.req.next()),
                   "MPI_Isend (V)");
-        sent_ += static_cast<std::int64_t>(kn + vn) * static_cast<std::int64_t>(sizeof(float));
+        sent_ += (static_cast<std::int64_t>(kn) + vn) * static_cast<std::int64_t>(sizeof(float));
       }
       if (forwards(from[d], step, d)) {
         const index_t len = lengths_[static_cast<std::size_t>(along(from[d], step, 1 - d))];

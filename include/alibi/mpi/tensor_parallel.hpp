@@ -183,13 +183,20 @@ class tensor_parallel_base {
   /// The module's forward of x (batch, seq, embed_dim), the same on every rank -> out (same
   /// shape, on every rank).
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, const forward_options& opt = {}) {
-    forward_call(x, out, opt, false, [&] { shard_->forward(x, out, opt); });
+    forward_call(x, out, opt, nullptr, [&] { shard_->forward(x, out, opt); });
   }
   /// Incremental decoding: each rank's cache holds its shard's kv heads.
   template <class S>
   void forward(tensor_view<const T, 3> x, tensor_view<T, 3> out, kv_cache<T, Backend, S>& cache,
                const forward_options& opt = {}) {
-    forward_call(x, out, opt, true, [&] { shard_->forward(x, out, cache, opt); });
+    // The caches' shapes and lengths are agreed on too: a cache one rank refuses (full, or
+    // left different by a failed forward) would leave the others in the all-reduce.
+    const std::vector<index_t>& lens = cache.lengths();
+    const cache_words words{
+        cache.batch(), cache.capacity(),
+        view_hash(make_view<const index_t>(lens.data(), static_cast<index_t>(lens.size())),
+                  static_cast<index_t>(lens.size()), 1)};
+    forward_call(x, out, opt, &words, [&] { shard_->forward(x, out, cache, opt); });
   }
 
  protected:
@@ -200,7 +207,7 @@ class tensor_parallel_base {
 
   /// Before a forward: the ranks agree on the call (and each checks its own tensors).
   void agree_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
-                  const forward_options& opt, bool cache) {
+                  const forward_options& opt, const cache_words* cache) {
     agreement a;
     module_words(a, shard_->config());
     add_forward_words(a, x, opt, cache);
@@ -257,7 +264,7 @@ class tensor_parallel_base {
   /// (shard_forward) and, for the attention module, the all-reduce of out.
   template <class F>
   void forward_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
-                    const forward_options& opt, bool cache, F&& shard_forward) {
+                    const forward_options& opt, const cache_words* cache, F&& shard_forward) {
     agree_call(x, out, opt, cache);
     run(x, reductions_per_call, [&] {
       shard_forward();
