@@ -682,6 +682,12 @@ TEST_CASE("layers backward: refused calls name the problem", "[layers-backward]"
   REQUIRE_THROWS_WITH(layer.backward(cview(x, B, L, E), saved, mview(dx, B, L, E), wrong),
                       Contains("grads"));
   REQUIRE_THROWS_WITH(g["no_such.weight"], Contains("no gradient named 'no_such.weight'"));
+  // Shapes built by hand: a negative extent or a wrapped size is an alibi::error.
+  for (const std::vector<index_t>& shape :
+       {std::vector<index_t>{-2, 4}, std::vector<index_t>{index_t(1) << 40, index_t(1) << 40}})
+    REQUIRE_THROWS_WITH(
+        alibi::parameter_gradients<float>(std::vector<alibi::parameter_info>{{"w", shape}}),
+        Contains("parameter 'w'"));
   // Self- vs cross-attention activations.
   decltype(m)::activations ms;
   m.forward_train(cview(x, B, L, E), cview(x, B, L, E), cview(x, B, L, E), mview(out, B, L, E), ms);

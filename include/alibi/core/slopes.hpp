@@ -49,9 +49,9 @@ inline std::vector<float> slopes_slice(std::int64_t global_heads, std::int64_t h
                                  std::to_string(global_heads)));
   if (head_offset < 0 || count < 0 || head_offset > global_heads - count)
     detail::raise(argument_error(
-        "alibi::slopes_slice: [head_offset, head_offset + count) = [" +
-        std::to_string(head_offset) + ", " + std::to_string(head_offset + count) +
-        ") must lie within [0, global_heads = " + std::to_string(global_heads) + ")"));
+        "alibi::slopes_slice: [head_offset, head_offset + count) with head_offset = " +
+        std::to_string(head_offset) + " and count = " + std::to_string(count) +
+        " must lie within [0, global_heads = " + std::to_string(global_heads) + ")"));
   if (!std::isfinite(max_bias) || !std::isfinite(scale))
     detail::raise(argument_error("alibi::slopes_slice: max_bias and scale must be finite"));
   if (static_cast<std::uint64_t>(count) > std::vector<float>().max_size())

@@ -191,8 +191,9 @@ auto view_bshd(M&& m, index_t batch, index_t seq, index_t heads, index_t head_di
                                  {seq_stride, head_dim, ld, 1});
 }
 
-/// The (heads, q_len, k_len) bias of batch entry 0 of `params` (see fill_bias): for a
-/// single sequence, the matrix the seeds add to the scores.
+/// The (heads, q_len, k_len) bias of one sequence (see fill_bias, with batch 1: per-batch
+/// views in `params`, such as lengths, offsets or caller slopes, have extent 1), the matrix
+/// the seeds add to the scores.
 inline Eigen::Tensor<float, 3, Eigen::RowMajor> bias_matrix(index_t heads, index_t q_len,
                                                             index_t k_len,
                                                             const attention_params& params = {}) {

@@ -82,7 +82,12 @@ class parameter_gradients {
     entries_.clear();
     for (const parameter_info& p : params) {
       index_t n = 1;
-      for (index_t e : p.shape) n *= e;
+      for (index_t e : p.shape)
+        if (n >= 0) n = detail::checked_product({n, e});
+      if (n < 0 || detail::checked_product({n, static_cast<index_t>(sizeof(T))}) < 0)
+        detail::raise(argument_error("alibi::parameter_gradients: parameter '" + p.name +
+                                     "' has a negative extent or more bytes than 64-bit sizes "
+                                     "hold"));
       entries_.push_back({p.name, p.shape, std::vector<T>(static_cast<std::size_t>(n), T(0))});
     }
   }
