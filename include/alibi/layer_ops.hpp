@@ -92,11 +92,12 @@ index_t row_stride(const char* fn, const char* name, const tensor_view<T, 3>& x,
     detail::raise(argument_error(f + ": " + name +
                                  "'s row stride (stride(1), or stride(0) when extent(1) " +
                                  "is 1) must be >= " + str(features) + ", got " + str(ld)));
-  if (x.extents[0] > 1 && x.extents[1] > 1 &&
-      x.strides[0] != detail::checked_product({x.extents[1], ld}))
-    detail::raise(argument_error(
-        f + ": " + name + ".stride(0) must be extent(1) * stride(1) = " + str(x.extents[1] * ld) +
-        " (rows of every batch entry evenly spaced), got " + str(x.strides[0])));
+  const index_t batch_stride = detail::checked_product({x.extents[1], ld});
+  if (x.extents[0] > 1 && x.extents[1] > 1 && (batch_stride < 0 || x.strides[0] != batch_stride))
+    detail::raise(
+        argument_error(f + ": " + name + ".stride(0) must be extent(1) * stride(1) = " +
+                       (batch_stride < 0 ? std::string("(beyond int64)") : str(batch_stride)) +
+                       " (rows of every batch entry evenly spaced), got " + str(x.strides[0])));
   return ld;
 }
 

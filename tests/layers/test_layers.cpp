@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -1084,4 +1085,15 @@ TEST_CASE("KV cache: a transaction returns truncated sequences to their fewest t
     cache.truncate(0, 12);
   }
   REQUIRE(cache.length(0) == 12);
+  {  // two open, the first-begun ended first: the later one returns to no more than it
+    std::optional<cache_t::transaction> outer(std::in_place, cache);
+    step(y, 140, 0);
+    cache_t::transaction inner(cache);
+    step(y, 20, 0);
+    outer.reset();
+    REQUIRE(cache.length(0) == 12);
+    step(y, 7, 0);
+  }
+  REQUIRE(cache.length(0) == 12);
+  check_key_norm_bounds(cache);
 }

@@ -126,7 +126,8 @@ class kv_cache {
   /// meanwhile (the ones past them are gone or were written anew). The layers hold one
   /// around each forward with a cache; a loop over layers can hold one per layer's cache
   /// around the whole step. Beginning one allocates (before anything changes); rolling back
-  /// does not, and never throws.
+  /// does not, and never throws. The cache must stay where it is (not moved) while one is
+  /// open: the transaction holds its address.
   class transaction {
    public:
     explicit transaction(kv_cache& cache) : cache_(&cache), lengths_(cache.lengths_) {
@@ -224,6 +225,9 @@ class kv_cache {
         }
       }
     }
+    // Other transactions still open (one that began later and ends after this one) return
+    // to no more than these lengths.
+    for (index_t b = 0; b < batch_; ++b) lowered(b);
   }
   /// The key-norm blocks that `length` keys take.
   static index_t norm_blocks(index_t length) {

@@ -518,7 +518,7 @@ void multi_head_attention<T, Backend>::run_paged(tensor_view<const T, 3> x, tens
                                    str(cache.max_tokens()) + " its table row holds"));
     appends[static_cast<std::size_t>(i)] = {seq, rows};
   }
-  const index_t fresh = cache.fresh_pages(appends.begin(), appends.end());
+  const index_t fresh = cache.batch_fresh_pages(appends.begin(), appends.end());
   if (fresh > cache.free_pages())
     detail::raise(capacity_error(f + ": the batch needs " + str(fresh) +
                                  " free pages, the cache has " + str(cache.free_pages())));

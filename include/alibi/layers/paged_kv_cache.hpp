@@ -215,14 +215,14 @@ class paged_kv_cache {
   /// page when that is shared and partly filled.
   index_t fresh_pages(index_t seq, index_t n) const {
     const std::pair<index_t, index_t> one[] = {{seq, n}};
-    return fresh_pages(one, one + 1);
+    return batch_fresh_pages(one, one + 1);
   }
   /// The free pages that the appends [first, last) of (sequence, tokens) pairs, to distinct
   /// sequences in this order, take in all. A partly filled last page held by r sequences, k
   /// of which append, is copied min(k, r - 1) times: each copy drops one holder, so the last
   /// of them finds it unshared when no other sequence holds it.
   template <class It>
-  index_t fresh_pages(It first, It last) const {
+  index_t batch_fresh_pages(It first, It last) const {
     index_t fresh = 0;
     std::vector<std::pair<std::int32_t, index_t>> shared;  // (page, appenders holding it)
     for (It a = first; a != last; ++a) {
@@ -285,13 +285,17 @@ class paged_kv_cache {
   void free_sequence(index_t seq) {
     truncate(seq, 0);
     active_[static_cast<std::size_t>(seq)] = false;
+    // Its slot may hold another sequence before an open transaction ends: left to that one.
+    open_.each([&](transaction& t) { t.forget(seq); });
   }
 
   /// The lengths of the given sequences, for a forward over a ragged batch that may have to
   /// undo its appends: the destructor truncates each back to its length at construction
   /// unless commit() was called (a page copied on write stays copied; its tokens are the
-  /// same). A sequence truncated or freed while the transaction is open goes back to the
-  /// fewest tokens it held meanwhile (the ones past them are gone or were written anew).
+  /// same). A sequence truncated while the transaction is open goes back to the fewest tokens
+  /// it held meanwhile (the ones past them are gone or were written anew); one freed is left
+  /// alone (its slot may hold another sequence by then). The cache must not move while one
+  /// is open.
   class transaction {
    public:
     transaction(paged_kv_cache& cache, tensor_view<const index_t, 1> seqs) : cache_(cache) {
@@ -311,7 +315,7 @@ class paged_kv_cache {
     ~transaction() {
       if (committed_) return;
       cache_.open_.remove(this);
-      for (const auto& sl : saved_)
+      for (const auto& sl : saved_)  // (a forgotten sequence, -1, is not active)
         if (cache_.active(sl.first) && cache_.length(sl.first) > sl.second)
           cache_.truncate(sl.first, sl.second);
     }
@@ -326,6 +330,11 @@ class paged_kv_cache {
     void lowered(index_t seq, index_t length) noexcept {
       for (auto& sl : saved_)
         if (sl.first == seq) sl.second = std::min(sl.second, length);
+    }
+    /// The cache freed seq: a rollback leaves its slot alone.
+    void forget(index_t seq) noexcept {
+      for (auto& sl : saved_)
+        if (sl.first == seq) sl.first = -1;
     }
 
     paged_kv_cache& cache_;
@@ -451,7 +460,7 @@ class paged_kv_cache {
   /// int8 quantization of one row (one token, one KV head): symmetric, scale = max|x| / 127,
   /// x_q = round(x / scale). Each element is then within scale / 2 = max|x| / 254 of x
   /// (plus one float rounding of x_q * scale). A row of zeros gets scale 0, and so does a row
-  /// with max|x| below about 1.8e-43 (it reads back as zeros); a row with a
+  /// with max|x| below about 8.9e-44 (it reads back as zeros); a row with a
   /// non-finite value gets a NaN scale, so that it reads back as NaN (and propagates as a
   /// NaN key or value does). Why per (token, head) rather than per block of 32 values: one
   /// scale per gathered row keeps the dequantization a single multiply in the tile loop and
@@ -469,9 +478,9 @@ class paged_kv_cache {
       std::fill_n(dst, n, T{});
       return detail::nan_f();
     }
-    // A row of zeros, or one so small (max|x| below 127 times the smallest subnormal) that
-    // its scale would round to 0, is stored as zeros with scale 0: within max|x| of x, and
-    // no division by a zero scale.
+    // A row of zeros, or one so small (max|x| below about 8.9e-44, 63.5 times the smallest
+    // subnormal) that its scale rounds to 0, is stored as zeros with scale 0: within max|x|
+    // of x, and no division by a zero scale.
     const float scale = amax / 127.0f;
     if (scale == 0.0f) {
       std::fill_n(dst, n, T{});

@@ -275,16 +275,23 @@ std::int64_t agree(MPI_Comm comm, const char* fn, const Backend& backend,
   add_mask_words(a, params.mask);
   a.compare("whether scale is set", params.scale ? 1 : 0);
   a.compare("scale", params.scale ? float_bits(*params.scale) : 0);
-  add_slope_words(
-      a, params.slopes,
-      view_hash(hp.slopes.values, hp.slopes.values.extents[0], hp.slopes.values.extents[1]));
+  // Host views are hashed only in the shape the checks below accept: one of another shape
+  // is refused there (on this rank), and may not hold the elements its extents claim.
+  const auto& sv = hp.slopes.values;
+  const bool slopes_shaped = sv.extents[1] == q.extents[1] &&
+                             (sv.extents[0] == 1 || sv.extents[0] == B) &&
+                             check_view(fn, "params.slopes.values", sv).ok();
+  add_slope_words(a, params.slopes,
+                  slopes_shaped ? view_hash(sv, sv.extents[0], sv.extents[1]) : 0);
   a.compare("slopes.global_heads", params.slopes.global_heads);
   a.compare("slopes.head_offset", params.slopes.head_offset);
   a.compare("skip_far_tiles", params.skip_far_tiles ? 1 : 0);
   a.compare("options.layout", layout);
   a.compare("options.skip_far_chunks", far_chunks ? 1 : 0);
   a.compare("whether logsumexp is asked for", given(lse) ? 1 : 0);
-  a.compare("params.k_lengths", view_hash(hp.k_lengths, hp.k_lengths.extents[0], 1));
+  const bool lengths_shaped =
+      hp.k_lengths.extents[0] == B && check_view(fn, "params.k_lengths", hp.k_lengths).ok();
+  a.compare("params.k_lengths", lengths_shaped ? view_hash(hp.k_lengths, B, 1) : 0);
   a.compare("whether params.key_mask is given", given(params.key_mask) ? 1 : 0);
   a.own(q.extents[2]);  // this rank's rows
   bool refused = true;

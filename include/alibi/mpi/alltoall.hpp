@@ -179,7 +179,7 @@ void alltoall_attention(MPI_Comm comm, const Backend& backend, tensor_view<const
         // heads than KV heads, q's and out's blocks exceed the K/V part the common check
         // bounds.
         const index_t block = alibi::detail::checked_product(
-            {q.extents[0], q.extents[1] / P, q.extents[2], std::max(q.extents[3], out.extents[3])});
+            {q.extents[0], q.extents[1] / P, q.extents[2], std::max(q.extents[3], v.extents[3])});
         if (block < 0 || block > std::numeric_limits<int>::max())
           return std::string(fn) + ": a block of q or out, batch * q_heads / ranks * rows * " +
                  "head_dim, has more than 2^31 - 1 elements (one MPI message's count)";
