@@ -227,7 +227,7 @@ class paged_kv_cache {
     std::vector<std::pair<std::int32_t, index_t>> shared;  // (page, appenders holding it)
     for (It a = first; a != last; ++a) {
       const index_t seq = a->first, n = a->second;
-      check_seq("fresh_pages", seq);
+      check_seq("batch_fresh_pages", seq);
       if (n <= 0) continue;
       const index_t len = lens_[static_cast<std::size_t>(seq)];
       fresh += pages_for(len + n) - pages_for(len);
@@ -248,7 +248,8 @@ class paged_kv_cache {
   index_t max_tokens() const { return max_pages_ * page_size_; }
 
   /// Keeps the first `length` tokens of a sequence, releasing the pages it no longer needs
-  /// (a shared page only loses this sequence's reference).
+  /// (a shared page only loses this sequence's reference); the page it now ends in gets the
+  /// norm bound of its remaining keys unless another sequence holds it.
   void truncate(index_t seq, index_t length) {
     check_seq("truncate", seq);
     const index_t len = lens_[static_cast<std::size_t>(seq)];

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
-// causal_lm<T, Backend, S>: a decoder-only model of an ALiBi family (BLOOM, MPT, Baichuan-13B,
-// Falcon-RW) with its KV caches inside: token embedding, the embedding norm where the family
-// has one, the layers, the final norm and the output head (its own or tied to the embedding);
-// prefill and decode give each sequence's next-token logits. Causal by construction: no call
-// takes a mask.
+// causal_lm<T, Backend, S>: a decoder-only model of an ALiBi family (BLOOM, MPT,
+// Baichuan-13B and Baichuan2-13B, Falcon-RW) with its KV caches inside: token embedding, the
+// embedding norm where the family has one, the layers, the final norm and the output head
+// (its own or tied to the embedding); prefill and decode give each sequence's next-token
+// logits. Causal by construction: no call takes a mask.
 #pragma once
 
 #include <algorithm>

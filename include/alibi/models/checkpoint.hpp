@@ -89,7 +89,8 @@ inline std::array<std::vector<float>, 3> split_qkv(qkv_packing packing,
 }
 
 /// The first root under which `file` holds layer 0's first projection of `family`: the
-/// family's own root, then "", "transformer.", "model.", "base_model.model." (PEFT).
+/// family's own root, then "", "transformer.", "model.", "base_model.model." + the family's
+/// root and "base_model.model." (PEFT).
 template <class File>
 std::string family_root(const File& file, const model_family& family, const char* fn) {
   const checkpoint_names& n = family.names;
