@@ -61,9 +61,7 @@ class causal_lm {
       detail::raise(
           argument_error("alibi::causal_lm: vocab and family.num_layers must be > 0, got " +
                          detail::str(vocab) + " and " + detail::str(family_.num_layers)));
-    index_t elements = 0;
-    if (__builtin_mul_overflow(vocab, E, &elements) ||
-        __builtin_mul_overflow(elements, index_t(sizeof(T)), &elements))
+    if (detail::checked_product({vocab, E, static_cast<index_t>(sizeof(T))}) < 0)
       detail::raise(argument_error("alibi::causal_lm: vocab * embed_dim (" + detail::str(vocab) +
                                    " * " + detail::str(E) +
                                    ") does not fit in 64-bit byte counts"));

@@ -353,12 +353,16 @@ inline model_family from_config(const std::string& config_json) {
     detail::raise(io_error("alibi::families::from_config: the config has no model_type"));
   const std::string type = j.at("model_type").get<std::string>();
   const detail::config_reader r{j, type};
+  // BLOOM's and Falcon's configs may ask for the residual after the LayerNorm.
+  auto refuse_post_norm_residual = [&](const char* preset) {
+    if (r.flag(j, "apply_residual_connection_post_layernorm", false))
+      r.fail(std::string("apply_residual_connection_post_layernorm is true: not the layer of "
+                         "families::") +
+             preset);
+  };
   model_family f = [&]() -> model_family {
     if (type == "bloom") {
-      if (r.flag(j, "apply_residual_connection_post_layernorm", false))
-        r.fail(
-            "apply_residual_connection_post_layernorm is true: not the layer of "
-            "families::bloom");
+      refuse_post_norm_residual("bloom");
       return bloom(
           r.integer({"hidden_size", "n_embed"}), r.integer({"n_head", "num_attention_heads"}),
           r.integer({"n_layer", "num_hidden_layers"}), r.real(j, "layer_norm_epsilon", 1e-5f));
@@ -419,10 +423,7 @@ inline model_family from_config(const std::string& config_json) {
           r.fail(std::string(k) +
                  " is true (or missing): not the Falcon-RW layout of "
                  "families::falcon_rw");
-      if (r.flag(j, "apply_residual_connection_post_layernorm", false))
-        r.fail(
-            "apply_residual_connection_post_layernorm is true: not the layer of "
-            "families::falcon_rw");
+      refuse_post_norm_residual("falcon_rw");
       if (r.text(j, "activation", "gelu") != "gelu")
         r.fail("activation is not \"gelu\" (not supported)");
       return falcon_rw(r.integer({"hidden_size", "n_embed"}),
