@@ -26,19 +26,22 @@ struct partial_merge_args {
 };
 
 /// The merge of one row element by element, for any backend that computes in float:
-/// returns the merged state; o(d) = (wa * a(d) + wb * b(d)) * inv for every element.
+/// o(d) = (wa * a(d) + wb * b(d)) * inv for every element, and the merged logsumexp `lse`.
 struct row_merge {
-  softmax_state state;
-  float wa = 0.0f, wb = 0.0f, inv = 0.0f;
+  float wa = 0.0f, wb = 0.0f, inv = 0.0f, lse = 0.0f;
 
   ALIBI_HOST_DEVICE static row_merge make(float lse_a, float lse_b) {
+    // The states are built from the logsumexps less the larger one: lse x log2(e) overflows
+    // fp32 beyond 2.4e38 in magnitude, and a difference that overflows is -inf, weight 0.
+    const float m = max_keep_nan(lse_a, lse_b);
+    const float ref = m > neg_inf_f() && m < -neg_inf_f() ? m : 0.0f;
     const softmax_merge mg =
-        merge_states(softmax_state::from_lse(lse_a), softmax_state::from_lse(lse_b));
+        merge_states(softmax_state::from_lse(lse_a - ref), softmax_state::from_lse(lse_b - ref));
     row_merge r;
-    r.state = mg.state;
     r.wa = mg.wa;
     r.wb = mg.wb;
     r.inv = mg.state.inverse_sum();
+    r.lse = mg.state.lse(ref);
     return r;
   }
   /// A side whose weight is 0 (no keys) is never read: its output may be anything.
@@ -58,7 +61,7 @@ void merge_head_rows(const partial_merge_args<T>& a, index_t bh) {
     for (index_t d = 0; d < D; ++d)
       a.out(b, h, i, d) = static_cast<T>(r.value(static_cast<float>(a.out_a(b, h, i, d)),
                                                  static_cast<float>(a.out_b(b, h, i, d))));
-    if (a.lse.data) a.lse(b, h, i) = r.state.lse();
+    if (a.lse.data) a.lse(b, h, i) = r.lse;
   }
 }
 

@@ -140,3 +140,37 @@ TEST_CASE("merge_partials: empty sides, NaN, in place, errors", "[merge]") {
   REQUIRE_THROWS_WITH(alibi::merge_partials(be, v4(a), v3(la), v4(b), v3(lb), v4(o), same_lse),
                       Catch::Contains("lse"));
 }
+
+TEST_CASE("merge_partials: logsumexps beyond 2.4e38 in magnitude", "[merge]") {
+  // lse x log2(e) overflows fp32 there; the merge must still weigh the sides by exp(lse_a -
+  // lse_b). Rows: equal huge lse; huge against its negation; a huge negative lse alone;
+  // two huge lse one ulp (2^104) apart, where the smaller side's weight underflows to 0.
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  constexpr float big = 3.0e38f;
+  const float near = std::nextafter(big, 0.0f);
+  const double gap = static_cast<double>(big) - static_cast<double>(near);
+  std::vector<float> a = {1, 2, 3, 4, 5, 6, 7, 8}, b = {9, 10, 11, 12, 13, 14, 15, 16};
+  std::vector<float> la = {big, big, -big, big}, lb = {big, -big, -inf, near};
+  const double w = 1.0 / (1.0 + std::exp(-gap));  // weight of side a in the last row
+  auto v4 = [](std::vector<float>& x) { return alibi::make_view(x.data(), 1, 1, 4, 2); };
+  auto v3 = [](std::vector<float>& x) { return alibi::make_view(x.data(), 1, 1, 4); };
+  auto check = [&](const auto& be) {
+    std::vector<float> o(8, -1.0f), l(4, -1.0f);
+    alibi::merge_partials(be, v4(a), v3(la), v4(b), v3(lb), v4(o), v3(l));
+    CHECK(o[0] == Approx(5.0f).epsilon(1e-6));
+    CHECK(o[1] == Approx(6.0f).epsilon(1e-6));
+    CHECK(l[0] == Approx(static_cast<double>(big) + std::log(2.0)).epsilon(1e-6));
+    CHECK(o[2] == 3.0f);
+    CHECK(o[3] == 4.0f);
+    CHECK(l[1] == big);
+    CHECK(o[4] == 5.0f);
+    CHECK(o[5] == 6.0f);
+    CHECK(l[2] == -big);
+    CHECK(o[6] == Approx(w * 7 + (1 - w) * 15).epsilon(1e-6));
+    CHECK(o[7] == Approx(w * 8 + (1 - w) * 16).epsilon(1e-6));
+    CHECK(std::isfinite(l[3]));
+    CHECK(l[3] >= big);
+  };
+  check(alibi::backend::eigen{1});
+  check(alibi::backend::reference{});
+}

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(256) partial_merge_kernel(const detail::partia
     for (index_t d = 0; d < D; ++d)
       a.out(b, h, i, d) = elem<T>::from_float(
           r.value(elem<T>::to_float(a.out_a(b, h, i, d)), elem<T>::to_float(a.out_b(b, h, i, d))));
-    if (a.lse.data) a.lse(b, h, i) = r.state.lse();
+    if (a.lse.data) a.lse(b, h, i) = r.lse;
   }
 }
 
