@@ -95,12 +95,7 @@ index_t max_offset(const tensor_view<T, R>& v) {
 /// checks with this first, so that size() never overflows on a view it accepted.
 template <class T, int R>
 index_t element_count(const tensor_view<T, R>& v) {
-  for (int d = 0; d < R; ++d)
-    if (v.extents[d] == 0) return 0;  // empty, however large the other extents
-  index_t n = 1;
-  for (int d = 0; d < R; ++d)
-    if (__builtin_mul_overflow(n, v.extents[d], &n)) return -1;
-  return n;
+  return detail::checked_product(v.extents, v.extents + R);
 }
 
 /// Checks one view: sizes non-negative, element count and offsets in int64, data present

@@ -202,12 +202,11 @@ struct parameter_table {
   /// the parameter, never a wrapped size); memory that cannot be had is std::bad_alloc.
   void allocate(Owner& o, const Backend& be) const {
     for (const slot& s : slots) {
-      index_t n = static_cast<index_t>(sizeof(T));
-      for (index_t e : s.shape)
-        if (e < 0 || __builtin_mul_overflow(n, e, &n))
-          detail::raise(argument_error(
-              std::string(owner) + ": parameter '" + s.name + "' of shape " + shape_text(s.shape) +
-              " has more bytes than 64-bit sizes hold; check the configuration"));
+      const index_t n = detail::checked_product(s.shape.begin(), s.shape.end());
+      if (n < 0 || detail::checked_product({n, static_cast<index_t>(sizeof(T))}) < 0)
+        detail::raise(argument_error(
+            std::string(owner) + ": parameter '" + s.name + "' of shape " + shape_text(s.shape) +
+            " has more bytes than 64-bit sizes hold; check the configuration"));
     }
     for (const slot& s : slots)
       ops::upload(be, std::vector<T>(static_cast<std::size_t>(count(s.shape)), T(s.initial)),

@@ -14,14 +14,25 @@ namespace alibi {
 using index_t = std::int64_t;
 
 namespace detail {
-/// The product of non-negative factors, or -1 when a factor is negative or the product does
-/// not fit in int64: sizes computed from user arguments go through here, since a wrapped
-/// one would allocate too little (or throw std::bad_alloc instead of naming the argument).
-inline index_t checked_product(std::initializer_list<index_t> factors) {
+/// The product of the non-negative factors in [first, last), or -1 when a factor is
+/// negative or the product does not fit in int64 (a zero factor makes it 0, however large the
+/// others): sizes computed from user arguments go through here, since a wrapped one would
+/// allocate too little (or throw std::bad_alloc instead of naming the argument).
+template <class It>
+index_t checked_product(It first, It last) {
+  bool zero = false;
+  for (It f = first; f != last; ++f) {
+    if (*f < 0) return -1;
+    zero = zero || *f == 0;
+  }
+  if (zero) return 0;
   index_t n = 1;
-  for (index_t f : factors)
-    if (f < 0 || __builtin_mul_overflow(n, f, &n)) return -1;
+  for (It f = first; f != last; ++f)
+    if (__builtin_mul_overflow(n, static_cast<index_t>(*f), &n)) return -1;
   return n;
+}
+inline index_t checked_product(std::initializer_list<index_t> factors) {
+  return checked_product(factors.begin(), factors.end());
 }
 }  // namespace detail
 

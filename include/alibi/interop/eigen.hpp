@@ -204,11 +204,7 @@ inline Eigen::Tensor<float, 3, Eigen::RowMajor> bias_matrix(index_t heads, index
   // Checked before Eigen allocates: a wrapped product would allocate too little, and a huge
   // one would be std::bad_alloc instead of an error naming the arguments. A zero extent
   // makes the count 0 whatever the others are.
-  index_t count = 0, bytes = 0;
-  if (heads != 0 && q_len != 0 && k_len != 0 &&
-      (__builtin_mul_overflow(heads, q_len, &count) ||
-       __builtin_mul_overflow(count, k_len, &count) ||
-       __builtin_mul_overflow(count, static_cast<index_t>(sizeof(float)), &bytes)))
+  if (detail::checked_product({heads, q_len, k_len, static_cast<index_t>(sizeof(float))}) < 0)
     detail::raise(argument_error("alibi::bias_matrix: heads * q_len * k_len (" +
                                  std::to_string(heads) + " * " + std::to_string(q_len) + " * " +
                                  std::to_string(k_len) +

@@ -740,17 +740,15 @@ class safetensors_writer {
   /// The shape's element count; its bytes must fit in int64 too.
   static std::uint64_t element_count(const std::string& name, const std::vector<index_t>& shape,
                                      std::size_t esize) {
-    index_t n = 1;
-    for (index_t e : shape) {
+    for (index_t e : shape)
       if (e < 0)
         detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
                                      "' has a negative extent"));
-      if (__builtin_mul_overflow(n, e, &n))
-        detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
-                                     "': the shape's element count overflows 64 bits"));
-    }
-    index_t bytes = 0;
-    if (__builtin_mul_overflow(n, static_cast<index_t>(esize), &bytes))
+    const index_t n = detail::checked_product(shape.begin(), shape.end());
+    if (n < 0)
+      detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
+                                   "': the shape's element count overflows 64 bits"));
+    if (detail::checked_product({n, static_cast<index_t>(esize)}) < 0)
       detail::raise(argument_error("alibi::safetensors_writer: tensor '" + name +
                                    "': the shape's byte size overflows 64 bits"));
     return static_cast<std::uint64_t>(n);

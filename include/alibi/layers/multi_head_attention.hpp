@@ -261,9 +261,7 @@ class multi_head_attention {
     if (c.value_dim == 0) c.value_dim = c.embed_dim;
     // The projections' widths, and (parameter_table) their parameters' sizes, are formed
     // from these: refused here rather than wrapped.
-    index_t width = 0;
-    if (__builtin_mul_overflow(c.q_heads, c.head_dim, &width) ||
-        __builtin_mul_overflow(width, index_t(2), &width))
+    if (detail::checked_product({c.q_heads, c.head_dim, 2}) < 0)
       detail::raise(argument_error(fn + ": config.q_heads * config.head_dim (" +
                                    detail::str(c.q_heads) + " * " + detail::str(c.head_dim) +
                                    ") does not fit in 64 bits"));

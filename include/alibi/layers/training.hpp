@@ -81,9 +81,7 @@ class parameter_gradients {
   void allocate(const std::vector<parameter_info>& params) {
     entries_.clear();
     for (const parameter_info& p : params) {
-      index_t n = 1;
-      for (index_t e : p.shape)
-        if (n >= 0) n = detail::checked_product({n, e});
+      const index_t n = detail::checked_product(p.shape.begin(), p.shape.end());
       if (n < 0 || detail::checked_product({n, static_cast<index_t>(sizeof(T))}) < 0)
         detail::raise(argument_error("alibi::parameter_gradients: parameter '" + p.name +
                                      "' has a negative extent or more bytes than 64-bit sizes "

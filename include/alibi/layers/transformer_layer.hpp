@@ -62,7 +62,7 @@ class transformer_layer {
       : backend_(backend), cfg_(config), attn_(config.attention, backend) {
     cfg_.attention = attn_.config();
     const index_t E = cfg_.attention.embed_dim;
-    if (cfg_.ff_dim == 0 && __builtin_mul_overflow(E, index_t(4), &cfg_.ff_dim))
+    if (cfg_.ff_dim == 0 && (cfg_.ff_dim = detail::checked_product({E, 4})) < 0)
       detail::raise(argument_error(
           "alibi::transformer_layer: the default config.ff_dim, 4 * embed_dim (4 * " +
           detail::str(E) + "), does not fit in 64 bits"));
