@@ -9,6 +9,13 @@
 #include <cstdint>
 #include <type_traits>
 
+// The device pass of an older architecture would otherwise fail in ptxas, on cp.async and the
+// bf16 mma.sync, with messages that do not say what to change.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error \
+    "alibi's CUDA kernels need sm_80 or newer: set CUDA_ARCHITECTURES (CMAKE_CUDA_ARCHITECTURES, e.g. 80;90) of the target that includes alibi/cuda.cuh"
+#endif
+
 namespace alibi {
 namespace cuda_detail {
 
