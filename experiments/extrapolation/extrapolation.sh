@@ -34,7 +34,9 @@ if ! command -v bible >/dev/null; then
   echo "alibi: installing bible-kjv (the corpus)"
   sudo_cmd=()
   [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends bible-kjv >/dev/null
+  # The package lists may be absent (install-deps.sh updates them only when it installs).
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bible-kjv >/dev/null
 fi
 build=${ALIBI_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
