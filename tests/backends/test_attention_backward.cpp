@@ -898,3 +898,86 @@ TEST_CASE("backward: the gradients by name, the logsumexp through params",
   REQUIRE(
       alibi::can_implement_backward(alibi::backend::eigen{}, qv, kv, vv, ov, dov, params, grads));
 }
+
+namespace {
+
+/// Gradients of one (1, H, Lq, D) non-causal problem whose queries sit at q_offset and keys
+/// at 0 (every key before every query), by `be`; the forward is the eigen one.
+template <class Backend, class TG>
+void far_query_gradients(const Backend& be, index_t q_offset, const std::vector<float>& slopes,
+                         index_t lq, index_t lk, std::vector<TG>& dq, std::vector<TG>& dk,
+                         std::vector<TG>& dv, std::vector<float>& ds) {
+  const index_t H = static_cast<index_t>(slopes.size()), D = 16;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> randn;
+  std::vector<float> q(static_cast<std::size_t>(H * lq * D)),
+      k(static_cast<std::size_t>(H * lk * D));
+  std::vector<float> v(k.size()), dout(q.size()), out(q.size()),
+      lse(static_cast<std::size_t>(H * lq));
+  for (auto* x : {&q, &k, &v, &dout})
+    for (float& e : *x) e = randn(rng);
+  const std::vector<index_t> qo = {q_offset}, ko = {0};
+  alibi::attention_params params;
+  params.q_offsets = alibi::make_view(qo.data(), 1);
+  params.k_offsets = alibi::make_view(ko.data(), 1);
+  params.slopes.values = alibi::make_view(slopes.data(), 1, H);
+  params.logsumexp = alibi::make_view(lse.data(), 1, H, lq);
+  const auto qv = alibi::make_view<const float>(q.data(), 1, H, lq, D);
+  const auto kv = alibi::make_view<const float>(k.data(), 1, H, lk, D);
+  const auto vv = alibi::make_view<const float>(v.data(), 1, H, lk, D);
+  alibi::attention(alibi::backend::eigen{2}, qv, kv, vv, alibi::make_view(out.data(), 1, H, lq, D),
+                   params);
+  dq.assign(q.size(), TG(0));
+  dk.assign(k.size(), TG(0));
+  dv.assign(v.size(), TG(0));
+  ds.assign(static_cast<std::size_t>(H), 0.0f);
+  alibi::attention_gradients<TG> g;
+  g.dq = alibi::make_view(dq.data(), 1, H, lq, D);
+  g.dk = alibi::make_view(dk.data(), 1, H, lk, D);
+  g.dv = alibi::make_view(dv.data(), 1, H, lk, D);
+  g.dslopes = alibi::make_view(ds.data(), 1, H);
+  alibi::attention_backward(be, qv, kv, vv, alibi::make_view<const float>(out.data(), 1, H, lq, D),
+                            alibi::make_view<const float>(dout.data(), 1, H, lq, D), params, g);
+}
+
+}  // namespace
+
+TEST_CASE("backward: rows whose every key is far keep fp32 precision", "[backward][eigen]") {
+  // Moving queries further from keys that all lie before them adds one constant to each
+  // row's scores: no gradient changes (nor d(slopes): a row's dS sums to zero). A backward
+  // that rebuilt P from these rows' fp32 logsumexp (about -0.5 x 1e6, ulp 0.03) would be
+  // off by several percent; the shifted frame gives the near rows' bits.
+  const std::vector<float> slopes = {0.5f, 0.0625f};
+  const index_t L = 64;
+  std::vector<float> nq, nk, nv, nds, fq, fk, fv, fds, ds_ref;
+  far_query_gradients(alibi::backend::eigen{2}, L + 100, slopes, L, L, nq, nk, nv, nds);
+  far_query_gradients(alibi::backend::eigen{2}, L + 1000000, slopes, L, L, fq, fk, fv, fds);
+  CHECK(nq == fq);
+  CHECK(nk == fk);
+  CHECK(nv == fv);
+  CHECK(nds == fds);
+  std::vector<double> rq, rk, rv;
+  far_query_gradients(alibi::backend::reference{}, L + 1000000, slopes, L, L, rq, rk, rv, ds_ref);
+  auto max_err = [](const std::vector<float>& got, const std::vector<double>& ref) {
+    double e = 0, scale = 1;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      e = std::max(e, std::abs(got[i] - ref[i]));
+      scale = std::max(scale, std::abs(ref[i]));
+    }
+    return e / scale;
+  };
+  CHECK(max_err(fq, rq) < 1e-5);
+  CHECK(max_err(fk, rk) < 1e-5);
+  CHECK(max_err(fv, rv) < 1e-5);
+  for (std::size_t h = 0; h < slopes.size(); ++h)
+    CHECK(std::abs(fds[h] - ds_ref[h]) < 1e-5 * std::max(1.0f, std::abs(ds_ref[h])));
+}
+
+TEST_CASE("backward: d(slopes) of rows with one far key is zero", "[backward][eigen]") {
+  // One key per row: P = 1 whatever the slope, so d(slope) is exactly 0. Weighting each dS by
+  // the full distance (up to 512) would multiply the fp32 residue of dP - D by it.
+  const std::vector<float> slopes = {1.0f};
+  std::vector<float> dq, dk, dv, ds;
+  far_query_gradients(alibi::backend::eigen{2}, 1, slopes, 512, 1, dq, dk, dv, ds);
+  CHECK(ds[0] == 0.0f);
+}

@@ -94,6 +94,9 @@ struct attention_problem {
   tensor_view<const index_t, 1> q_lengths{}, k_lengths{}, q_offsets{}, k_offsets{};
   tensor_view<const bool, 2> key_mask{};
   tensor_view<float, 3> lse{};
+  /// Internal (the eigen backward's recomputation): lse receives each row's base-2
+  /// logsumexp in the kernels' shifted frame (see distance_shift), not the contract's.
+  bool lse_shifted_base2 = false;
   bool skip_far_tiles = true;
   attention_stats* stats = nullptr;
   tensor_view<const float, 3> key_norm_bounds{};

@@ -23,6 +23,7 @@
 #include <Eigen/Core>
 
 #include "alibi/backend/eigen/attention_backward.hpp"
+#include "alibi/backend/eigen/attention_kernel.hpp"
 #include "alibi/backend/eigen/key_norm_pass.hpp"
 #include "alibi/backend/eigen/score_tile.hpp"
 
@@ -43,6 +44,10 @@ struct backward_config {
   static constexpr index_t min_items = 16;
   static constexpr index_t min_split_keys = 1024;
   static constexpr index_t max_partial_bytes = index_t(64) << 20;
+  // The largest |slope x distance shift| of a row (natural-log units) for which P is rebuilt
+  // from the caller's logsumexp: its rounding then adds at most 4 x 2^-24 to P's relative
+  // error. Beyond it the forward is recomputed (run_backward).
+  static constexpr double max_lse_bias = 4.0;
   static_assert(block_q <= workspace::rows - 16, "a query tile must fit the score workspace");
   static_assert(min_split_keys % kernel_config::block_k == 0, "chunks hold whole key tiles");
 };
@@ -123,6 +128,7 @@ struct backward_inputs {
   tensor_view<const float, 3> lse;
   tensor_view<float, 4> dk, dv;
   const float* delta = nullptr;   // (B, Hq, Lq) D_i = dO_i . O_i
+  const float* lse2 = nullptr;    // (B, Hq, Lq) recomputed base-2 shifted logsumexps, or null
   const float* qnorm = nullptr;   // (B, Hq, Lq) |q_i| rounded up, when skipping
   const float* prefix = nullptr;  // (B, Hkv, grid) key-norm bounds, when skipping
   const float* suffix = nullptr;
@@ -170,9 +176,17 @@ inline const float* packet_rows_of(const float* x, index_t ldx, index_t n, index
   return buf.data();
 }
 
-/// Adds the tile's contribution to its head's d(slope): -sum of dS(t, j) |q_pos - k_pos|
-/// over the allowed pairs (ws.c0/c1), in double. ds(t, j): the score gradient before the
-/// scale.
+/// The distance of a pair less its row's distance shift, as a weight of d(slope): a row's dS
+/// sums to zero, so sum_j dS(t, j) (|q_pos - k_pos| - shift) is the exact d(slope) term, and
+/// it does not multiply the fp32 residue of that zero sum by a far row's whole distance.
+inline double dslope_distance(index_t q_pos, index_t k_pos, index_t shift) {
+  const index_t x = q_pos - k_pos;
+  return static_cast<double>((x < 0 ? -x : x) - shift);
+}
+
+/// Adds the tile's contribution to its head's d(slope): -sum of dS(t, j) (|q_pos - k_pos| -
+/// shift) over the allowed pairs (ws.c0/c1), in double (see dslope_distance). ds(t, j): the
+/// score gradient before the scale.
 template <class DS>
 void add_dslope(const backward_item& item, const item_rows& it, const score_tile_view& tile,
                 const workspace& ws, const DS& ds) {
@@ -180,10 +194,9 @@ void add_dslope(const backward_item& item, const item_rows& it, const score_tile
   const index_t qp0 = p.q_offset(it.b) + it.i0 + tile.ra, kp0 = p.k_offset(it.b) + tile.j0;
   double dslope = 0.0;
   for (index_t j = 0; j < tile.bk; ++j)
-    for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) {
-      const index_t x = qp0 + t - (kp0 + j);
-      dslope -= static_cast<double>(ds(t, j)) * static_cast<double>(x < 0 ? -x : x);
-    }
+    for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t)
+      dslope -=
+          static_cast<double>(ds(t, j)) * dslope_distance(qp0 + t, kp0 + j, ws.shift[tile.ra + t]);
   item.dslopes[it.h - it.hk * p.group_size()] += dslope;
 }
 
@@ -264,10 +277,6 @@ inline void backward_tile(const backward_inputs& in, const backward_item& item, 
     return tile.by_rows ? x[t * tile.lds + j] : x[j * tile.lds + t];
   };
   const index_t qp0 = p.q_offset(b) + i0 + ra, kp0 = p.k_offset(b) + tile.j0;
-  auto distance = [&](index_t t, index_t j) {
-    const index_t x = qp0 + t - (kp0 + j);
-    return static_cast<double>(x < 0 ? -x : x);
-  };
 
   if (careful) {
     const float* s = ws.s.data();
@@ -276,7 +285,8 @@ inline void backward_tile(const backward_inputs& in, const backward_item& item, 
       for (index_t t = ws.c0[j]; t < ws.c1[j]; ++t) {
         const float pr = at(s, t, j);
         const float ds = pr * (do_act.row(t).dot(vm.row(j)) - delta[t]);
-        if (item.dslopes) dslope -= static_cast<double>(ds) * distance(t, j);
+        if (item.dslopes)
+          dslope -= static_cast<double>(ds) * dslope_distance(qp0 + t, kp0 + j, ws.shift[ra + t]);
         const float dss = p.scale * ds;
         dqm.row(t) += dss * km.row(j);
         dkm.row(j) += dss * q_act.row(t);
@@ -314,15 +324,22 @@ inline void backward_tile(const backward_inputs& in, const backward_item& item, 
 }
 
 /// Replaces the scores of a tile by the probabilities 2^(s - lse2) against the forward's
-/// logsumexp (base 2, with the row's distance shift added back, as the scores have it).
+/// logsumexp (base 2, with the row's distance shift added back, as the scores have it), or
+/// against the recomputed one (in.lse2).
 inline void probabilities_from_lse(const backward_inputs& in, const item_rows& it,
                                    const score_tile_view& tile, workspace& ws) {
+  const attention_problem& p = *in.p;
   const index_t ra = tile.ra, m = tile.m, mp = packet_rows(m);
+  const index_t row0 = (it.b * p.q_heads + it.h) * p.q_len + it.i0 + ra;
   for (index_t t = 0; t < mp; ++t) {
     float ref = 0.0f;  // padding rows, and rows without any allowed key (all scores -inf)
     if (t < m) {
-      const float lse = in.lse(it.b, it.h, it.i0 + ra + t);
-      if (lse != neg_inf_f()) ref = (lse + it.slope * ws.shift_f[ra + t]) * log2e_f;
+      if (in.lse2) {
+        if (in.lse2[row0 + t] != neg_inf_f()) ref = in.lse2[row0 + t];
+      } else {
+        const float lse = in.lse(it.b, it.h, it.i0 + ra + t);
+        if (lse != neg_inf_f()) ref = (lse + it.slope * ws.shift_f[ra + t]) * log2e_f;
+      }
     }
     ws.m_use[ra + t] = ref;
   }
@@ -534,6 +551,31 @@ inline void run_backward(int threads, const attention_problem& p,
     }
   });
   in.delta = delta;
+
+  // A row whose nearest allowed key is far has an fp32 logsumexp that has lost the low bits
+  // the kernels' shifted frame keeps (ulp(lse) ~ |slope x shift| 2^-23), and P rebuilt from
+  // it is off by that factor for the whole row: for such calls the forward is run again to
+  // get each row's base-2 logsumexp in the shifted frame. Causal self-attention has shift 0.
+  thread_local aligned_buffer<float> lse2_buf, out_buf;
+  bool far_rows = false;
+  for (index_t b = 0; b < B && !far_rows; ++b)
+    for (index_t i = 0; i < p.len_q(b) && !far_rows; ++i) {
+      const index_t shift = p.distance_shift(b, i);
+      for (index_t h = 0; h < Hq && !far_rows && shift > 0; ++h)
+        far_rows =
+            std::fabs(p.slope(b, h)) * static_cast<double>(shift) > backward_config::max_lse_bias;
+    }
+  if (far_rows) {
+    lse2_buf.reserve(static_cast<std::size_t>(rows));
+    out_buf.reserve(static_cast<std::size_t>(rows * p.v_head_dim));
+    attention_problem pf = p;
+    pf.lse = make_view(lse2_buf.data(), B, Hq, Lq);
+    pf.lse_shifted_base2 = true;
+    pf.stats = nullptr;
+    run(nthreads, pf, t.q, kv_source<float>{t.k, t.v},
+        make_view(out_buf.data(), B, Hq, Lq, p.v_head_dim));
+    in.lse2 = lse2_buf.data();
+  }
 
   const index_t partial_size = B * Hq * Lq * D;
   if (splits > 1) partial_buf.reserve(static_cast<std::size_t>((splits - 1) * partial_size));

@@ -186,7 +186,8 @@ void finish_rows(const item_rows& it, const workspace& ws, const O& o, const ite
     else
       orow.setZero();
     if (p.lse.data)
-      p.lse(it.b, it.h, it.i0 + r) = st.lse(-it.slope * static_cast<float>(ws.shift[r]));
+      p.lse(it.b, it.h, it.i0 + r) =
+          p.lse_shifted_base2 ? st.lse2() : st.lse(-it.slope * static_cast<float>(ws.shift[r]));
   }
 }
 
@@ -608,7 +609,9 @@ inline void merge_splits(const attention_problem& p, const tensor_view<float, 4>
     if (total.l > 0.0f || total.l != total.l) orow /= total.l;
     if (p.lse.data)
       p.lse(b, h, i0 + r) =
-          total.lse(-p.slope(b, h) * static_cast<float>(p.distance_shift(b, i0 + r)));
+          p.lse_shifted_base2
+              ? total.lse2()
+              : total.lse(-p.slope(b, h) * static_cast<float>(p.distance_shift(b, i0 + r)));
   }
 }
 
