@@ -745,3 +745,56 @@ TEST_CASE("paged_kv_cache: attention over the cache matches its tokens laid out 
   for (std::size_t i = 0; i < ref.size(); ++i) err = std::max(err, std::fabs(o1[i] - ref[i]));
   REQUIRE(err < 1e-5);
 }
+
+TEST_CASE("ragged: a NaN in a V row reaches exactly the rows that see its key", "[ragged][edge]") {
+  // Rows that do not see a key (causal, window) have probability 0 for it; through the
+  // products 0 x NaN would still reach them. Each case: the rows, the context, the window,
+  // the key whose V row is NaN. 1 and 64 rows take the small-row and the GEMM paths.
+  struct nan_case {
+    index_t q_len, context, window_left, nan_key;
+  };
+  for (const nan_case& nc : {nan_case{4, 4, -1, 3}, nan_case{64, 64, -1, 40},
+                             nan_case{1, 100, 10, 5}, nan_case{64, 300, 20, 250}}) {
+    INFO("q_len " << nc.q_len << ", context " << nc.context << ", window " << nc.window_left);
+    const index_t Hq = 2, Hkv = 1, D = 8, L = nc.context;
+    std::vector<float> k = tokens(L, Hkv, D, 5), v = tokens(L, Hkv, D, 6);
+    const std::vector<float> q = tokens(nc.q_len, Hq, D, 7);
+    for (index_t e = 0; e < D; ++e) v[static_cast<std::size_t>(nc.nan_key * D + e)] = nan_f;
+    const std::vector<std::int64_t> lens = {L};
+    const std::vector<index_t> cu = {0, nc.q_len};
+    alibi::contiguous_kv<float> kv;
+    kv.k = alibi::make_view<const float>(k.data(), 1, Hkv, L, D);
+    kv.v = alibi::make_view<const float>(v.data(), 1, Hkv, L, D);
+    kv.context_lens = alibi::make_view(lens.data(), 1);
+    alibi::attention_params p;
+    p.mask.causal = true;
+    p.mask.window_left = nc.window_left;
+    std::vector<float> out(static_cast<std::size_t>(nc.q_len * Hq * D)), ref(out.size());
+    std::vector<float> lse(static_cast<std::size_t>(Hq * nc.q_len)), ref_lse(lse.size());
+    const auto qv = alibi::make_view(q.data(), nc.q_len, Hq, D);
+    const auto cuv = alibi::make_view(cu.data(), 2);
+    p.logsumexp = alibi::make_view(lse.data(), 1, Hq, nc.q_len);
+    alibi::ragged_attention(alibi::backend::eigen{2}, qv, cuv, kv,
+                            alibi::make_view(out.data(), nc.q_len, Hq, D), p);
+    p.logsumexp = alibi::make_view(ref_lse.data(), 1, Hq, nc.q_len);
+    alibi::ragged_attention(alibi::backend::reference{}, qv, cuv, kv,
+                            alibi::make_view(ref.data(), nc.q_len, Hq, D), p);
+    index_t nan_rows = 0;
+    for (index_t i = 0; i < nc.q_len; ++i) {
+      const index_t pos = L - nc.q_len + i;
+      const bool sees =
+          nc.nan_key <= pos && (nc.window_left < 0 || pos - nc.nan_key <= nc.window_left);
+      nan_rows += sees;
+      for (index_t h = 0; h < Hq; ++h) {
+        CHECK(std::isfinite(lse[static_cast<std::size_t>(h * nc.q_len + i)]));
+        for (index_t e = 0; e < D; ++e) {
+          const std::size_t at = static_cast<std::size_t>((i * Hq + h) * D + e);
+          CHECK(std::isnan(ref[at]) == sees);
+          CHECK(std::isnan(out[at]) == sees);
+          if (!sees) CHECK(std::fabs(out[at] - ref[at]) < 1e-5);
+        }
+      }
+    }
+    CHECK(nan_rows < nc.q_len);  // the case has rows that must stay finite
+  }
+}

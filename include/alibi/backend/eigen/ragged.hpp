@@ -136,11 +136,13 @@ struct ragged_norms<contiguous_kv<T>> {
 /// One work item: rows of sequence s, KV heads [g0, g1), positions [i0, i1). The heads go
 /// through each key tile together, so that with pages (whose rows hold every KV head of a
 /// token) the item reads a page's memory in one pass. A head's rows see only its own
-/// results: which heads share an item changes no bit of them.
+/// results: which heads share an item changes no bit of them. `careful` (an item whose
+/// result was not finite): each row's P V over its own keys only, so that a NaN or Inf in
+/// the V row of a key a row does not see stays out of that row.
 template <class KV>
 void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q, const KV& kv,
                  const tensor_view<float, 3>& out, const float* norm_prefix, index_t s, index_t g0,
-                 index_t g1, index_t i0, index_t i1, std::int64_t& computed,
+                 index_t g1, index_t i0, index_t i1, bool careful, std::int64_t& computed,
                  std::int64_t& skipped) {
   using T = typename kv_element<KV>::type;
   const attention_problem& p = rp.p;
@@ -169,8 +171,8 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
   if (gemm) {
     w.kt.reserve(static_cast<std::size_t>(ragged_key_tile * ldq));
     w.kc.reserve(static_cast<std::size_t>(D * lds));
-    w.vt.reserve(static_cast<std::size_t>(ragged_key_tile * ldo));
   }
+  if (gemm || careful) w.vt.reserve(static_cast<std::size_t>(ragged_key_tile * ldo));
   w.qnorm.reserve(rr);
   w.state.reserve(rr);
   w.frames.reserve(rr);
@@ -330,7 +332,20 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
           for (index_t j = 0; j < c; ++j) y[j] = x[j] * w.scales[ragged_key_tile + j];
         }
       }
-      if (gemm) {
+      if (careful) {
+        // One key at a time over the row's own keys: through the products, the row's
+        // probability 0 for a key it does not see would meet that key's V as 0 x NaN.
+        for (index_t r = u * Rg; r < (u + 1) * Rg; ++r) {
+          const row_frame& f = w.frames[r];
+          const index_t vb = clamp_index(f.begin - t0, 0, c), ve = clamp_index(f.end - t0, 0, c);
+          const float* x = w.s.data() + r * lds;
+          for (index_t j = vb; j < ve; ++j) {
+            widen_row(rows.v(s, g, t0 + j), is_int8_kv<T> ? rows.v_scale(s, g, t0 + j) : 1.0f,
+                      w.vt.data(), Dv);
+            for (index_t e = 0; e < Dv; ++e) w.o_rows[r][e] += x[j] * w.vt[e];
+          }
+        }
+      } else if (gemm) {
         // O^T (Dv, Rg) += V^T P^T, vectorized across the head dimension: the widened V rows
         // are V^T's columns, and P's rows are read in place.
         tile_product<true, true>(Dv, Rg, c, w.vt.data(), ldo, w.s.data() + u * Rg * lds, lds,
@@ -405,12 +420,29 @@ void ragged_kernel(int threads, const ragged_problem& rp, const tensor_view<cons
                                prefix.data() + prefix_at[static_cast<std::size_t>(s)]);
   }
   std::atomic<std::int64_t> computed{0}, skipped{0};
+  // Whether an item's output rows and logsumexps are all finite: finite inputs always give
+  // finite results, so otherwise the item is computed again on the careful path.
+  auto item_finite = [&](const item& it) {
+    const index_t G = p.group_size(), r0 = rp.row0(it.s);
+    for (index_t i = it.i0; i < it.i1; ++i)
+      for (index_t h = it.g0 * G; h < it.g1 * G; ++h) {
+        const float* o = out.ptr(r0 + i, h);
+        for (index_t e = 0; e < p.v_head_dim; ++e)
+          if (!std::isfinite(o[e])) return false;
+        if (rp.lse.data && std::isnan(rp.lse(0, h, r0 + i))) return false;
+      }
+    return true;
+  };
   parallel_for(resolve_threads(threads), static_cast<index_t>(items.size()), [&](index_t k) {
     const item& it = items[static_cast<std::size_t>(k)];
     std::int64_t c = 0, sk = 0;
     const index_t at = prefix_at[static_cast<std::size_t>(it.s)];
-    ragged_item(rp, q, kv, out, at >= 0 ? prefix.data() + at : nullptr, it.s, it.g0, it.g1, it.i0,
-                it.i1, c, sk);
+    const float* norms = at >= 0 ? prefix.data() + at : nullptr;
+    ragged_item(rp, q, kv, out, norms, it.s, it.g0, it.g1, it.i0, it.i1, false, c, sk);
+    if (!item_finite(it)) {
+      c = sk = 0;
+      ragged_item(rp, q, kv, out, norms, it.s, it.g0, it.g1, it.i0, it.i1, true, c, sk);
+    }
     computed += c;
     skipped += sk;
   });
