@@ -3,6 +3,7 @@
 // thread-count independence and prefill-then-decode equivalence.
 #include <cstring>
 #include <initializer_list>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -47,6 +48,18 @@ TEST_CASE("eigen backend on large inputs, large slopes, custom scales", "[eigen]
     INFO(r.describe());
     CHECK(r.ok());
   }
+}
+
+TEST_CASE("eigen backend: v_head_dim 0 with split keys, on a fresh thread", "[eigen][edge]") {
+  // Few rows and many keys split the keys into chunks; with Dv = 0 the partial outputs
+  // take no memory, and a fresh thread has never allocated that buffer: the chunks must
+  // still be merged for the logsumexp, not written as final results by each chunk.
+  case_spec c;
+  c.batch = 1, c.hq = 1, c.hkv = 1, c.lq = 1, c.lk = 4096, c.d = 8, c.dv = 0;
+  alibi_test::comparison r;
+  std::thread([&] { r = alibi_test::check_backend(alibi::backend::eigen{1}, c); }).join();
+  INFO(r.describe());
+  CHECK(r.ok());
 }
 
 TEST_CASE("eigen backend results do not depend on the thread count",

@@ -162,9 +162,10 @@ class far_tile_skipper {
 /// partial output rows (dense (n, Dv)) and their softmax states, for merge_splits.
 struct item_sink {
   tensor_view<float, 4> out;
-  float* partial_o = nullptr;
+  float* partial_o = nullptr;  // null when Dv = 0 too: the flag, not the pointer, decides
   softmax_state* partial_state = nullptr;
-  bool final_pass() const { return partial_o == nullptr; }
+  bool partial = false;
+  bool final_pass() const { return !partial; }
 };
 
 /// Writes the finished rows of an item; o: its (n, Dv) unnormalized output.
@@ -663,7 +664,7 @@ void run(int threads, const attention_problem& p, const tensor_view<const float,
       if (plan.splits == 1) return item_sink{out};
       const index_t slot = plan.item_of(b, h, i0) * plan.splits + c;
       return item_sink{out, part_o + slot * plan.rows_stride * dv,
-                       part_state + slot * plan.rows_stride};
+                       part_state + slot * plan.rows_stride, true};
     };
     // Rows of a chunk without keys keep the empty state (merge_splits skips them).
     if (plan.splits > 1)
