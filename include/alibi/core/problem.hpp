@@ -135,6 +135,17 @@ struct attention_problem {
     const index_t global = slopes.global_heads > 0 ? slopes.global_heads : q_heads;
     return alibi::slope(slopes.head_offset + h, global, slopes.max_bias) * slopes.scale;
   }
+  /// Whether some head has a positive slope, read on the host (generated slopes, or caller
+  /// slopes in host memory): only then do the host kernels skip far tiles and visit tiles
+  /// nearest-first, so that slopes of 0 compute the same bits as a call without ALiBi.
+  bool any_positive_slope() const {
+    if (!slopes.enabled) return false;
+    const index_t rows = slopes.values.data ? slopes.values.extents[0] : 1;
+    for (index_t b = 0; b < rows; ++b)
+      for (index_t h = 0; h < q_heads; ++h)
+        if (slope(b, h) > 0.0f) return true;
+    return false;
+  }
   /// Keys that the positional masks and the key length allow for query row i of batch b
   /// (the boolean key mask may still exclude some of them).
   ALIBI_HOST_DEVICE index_range key_range(index_t b, index_t i) const {

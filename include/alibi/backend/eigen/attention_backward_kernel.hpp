@@ -523,7 +523,7 @@ inline void run_backward(int threads, const attention_problem& p,
   in.dk = t.dk;
   in.dv = t.dv;
   in.grid = grid;
-  in.skipping = p.skips_far_tiles(grid);
+  in.skipping = p.skips_far_tiles(grid) && p.any_positive_slope();
   if (in.skipping) {
     qnorm_buf.reserve(static_cast<std::size_t>(rows));
     prefix_buf.reserve(static_cast<std::size_t>(pairs * grid));

@@ -622,7 +622,7 @@ void run(int threads, const attention_problem& p, const tensor_view<const float,
   if (p.batch == 0 || p.q_heads == 0 || p.q_len == 0) return;
   const int nthreads = resolve_threads(threads);
   const index_t grid = (p.k_len + kernel_config::block_k - 1) / kernel_config::block_k;
-  const bool skipping = p.skips_far_tiles(grid);
+  const bool skipping = p.skips_far_tiles(grid) && p.any_positive_slope();
   const work_plan plan = work_plan::make(p, kv_memory::of(kv), skipping);
 
   // The calling thread's buffers, named by reference: a thread_local named inside the
