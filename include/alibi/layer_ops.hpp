@@ -86,6 +86,9 @@ index_t row_stride(const char* fn, const char* name, const tensor_view<T, 3>& x,
   if (x.extents[2] > 1 && x.strides[2] != 1)
     detail::raise(argument_error(
         f + ": " + name + ".stride(2) must be 1 (contiguous features), got " + str(x.strides[2])));
+  // An empty view addresses no row: any stride of its own is fine (a row-major (2, 0, E)
+  // view has stride(0) = 0).
+  if (x.extents[0] == 0 || x.extents[1] == 0) return features;
   // One row per sequence (decoding): the rows are spaced by the batch stride.
   const index_t ld = x.extents[1] > 1 ? x.strides[1] : x.extents[0] > 1 ? x.strides[0] : features;
   if (ld < features)
@@ -163,6 +166,21 @@ void zero_padded_rows(const Backend& be, T* data, index_t ld, index_t seq, index
     if (lengths[b] < seq)
       Ops::zero_rows(be, data + (static_cast<index_t>(b) * seq + lengths[b]) * ld, ld,
                      seq - lengths[b], cols);
+}
+
+/// Zeroes the rows (b, i), i >= q_len[b], that key_mask (batch, seq) excludes: a padded query
+/// that is also an excluded key is read by no output, and a NaN there would still reach the
+/// weight gradients as 0 x NaN. A mask of another shape is left to the attention's check.
+template <class Ops, class Backend, class T>
+void zero_masked_padding(const Backend& be, T* data, index_t ld, index_t seq, index_t cols,
+                         const std::vector<index_t>& q_len, tensor_view<const bool, 2> key_mask) {
+  if (key_mask.data == nullptr || key_mask.extents[0] != static_cast<index_t>(q_len.size()) ||
+      key_mask.extents[1] != seq)
+    return;
+  for (std::size_t b = 0; b < q_len.size(); ++b)
+    for (index_t i = q_len[b]; i < seq; ++i)
+      if (key_mask(static_cast<index_t>(b), i))
+        Ops::zero_rows(be, data + (static_cast<index_t>(b) * seq + i) * ld, ld, 1, cols);
 }
 
 /// y (rows, n) = the norm `kind` of x (row strides ldx, ldy; y may be x) with gain gamma and,

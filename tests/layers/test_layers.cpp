@@ -765,6 +765,47 @@ TEST_CASE("KV cache: clear, capacity and misuse", "[layers][decode]") {
   o.k_lengths = {};
   REQUIRE_THROWS_WITH(m.forward(xv, ov, wrong, o), Catch::Contains("kv_heads 1"));
   REQUIRE_THROWS_AS((alibi::kv_cache<float, cpu>(cpu{}, -1, 8, 1, 8)), alibi::error);
+  // The cache appends one key and value row per query row: fewer (or more) key rows than
+  // query rows would be read past their end, or appended wrongly.
+  cache.clear(0);
+  cache.clear(1);
+  o.q_lengths = {};
+  const auto k1 = alibi::make_view<const float>(x.data(), 2, 1, 16);
+  REQUIRE_THROWS_WITH(m.forward_into(xv, k1, k1, ov, o, &cache, false),
+                      Catch::Contains("extent(1) must be q_len = 5, got 1"));
+  // A null k_lengths or key mask with extents is given, not omitted.
+  o.k_lengths = alibi::make_view<const index_t>(nullptr, 2);
+  REQUIRE_THROWS_WITH(m.forward(xv, ov, cache, o), Catch::Contains("kv_cache"));
+  REQUIRE(cache.length(0) == 0);
+}
+
+TEST_CASE("layers: batches of empty sequences and calls without keys", "[layers][edge]") {
+  // E1: (2, 0, E) inputs give empty outputs; E2: queries without keys give attention 0, so
+  // the module's output is its output projection's bias.
+  alibi::mha_config c;
+  c.embed_dim = 16;
+  c.q_heads = 2;
+  alibi::multi_head_attention<float, cpu> m(c);
+  set_all(m, random_weights(m, 2));
+  std::vector<float> x = randn(2 * 3 * 16, 4), out(x.size(), -1.0f);
+  const auto none = alibi::make_view<const float>(x.data(), 2, 0, 16);
+  REQUIRE_NOTHROW(m.forward(none, alibi::make_view(out.data(), 2, 0, 16)));
+  REQUIRE(out[0] == -1.0f);
+  m.forward(alibi::make_view<const float>(x.data(), 2, 3, 16), none, none,
+            alibi::make_view(out.data(), 2, 3, 16));
+  const std::vector<float> bias = m.get("out_proj.bias");
+  for (index_t r = 0; r < 6; ++r)
+    for (index_t e = 0; e < 16; ++e)
+      CHECK(out[static_cast<std::size_t>(r * 16 + e)] == bias[static_cast<std::size_t>(e)]);
+  alibi::layer_config lc;
+  lc.attention = c;
+  lc.ff_dim = 32;
+  alibi::transformer_layer<float, cpu> layer(lc);
+  REQUIRE_NOTHROW(layer.forward(none, alibi::make_view(out.data(), 2, 0, 16)));
+  alibi::norm_config nc;
+  nc.dim = 16;
+  alibi::norm_layer<float, cpu> norm(nc);
+  REQUIRE_NOTHROW(norm.forward(none, alibi::make_view(out.data(), 2, 0, 16)));
 }
 
 TEST_CASE("layers: impossible sizes are refused before anything is allocated", "[layers][errors]") {

@@ -740,3 +740,41 @@ TEST_CASE("layers backward: gradient descent on one layer reduces a loss", "[lay
   for (std::size_t s = 1; s < losses.size(); ++s) CHECK(losses[s] < losses[s - 1]);
   REQUIRE(losses.back() < 0.7 * losses.front());
 }
+
+TEST_CASE("layers backward: padded rows that are also masked keys stay out of the gradients",
+          "[layers-backward]") {
+  // Row 2 and 3 of the one sequence are padded queries (q_len 2) and excluded keys: no output
+  // reads them, so NaN there must not reach any parameter gradient (as 0 x NaN).
+  const index_t B = 1, L = 4, E = 16;
+  std::vector<float> x = randn(B * L * E, 5);
+  for (index_t i = 2 * E; i < L * E; ++i) x[static_cast<std::size_t>(i)] = std::nanf("");
+  const std::vector<index_t> q_len = {2};
+  const bool pad[] = {false, false, true, true};
+  alibi::forward_options opt;
+  opt.mask.causal = true;
+  opt.q_lengths = alibi::make_view(q_len.data(), B);
+  opt.key_padding_mask = alibi::make_view(pad, B, L);
+  std::vector<float> dy = randn(B * L * E, 6), out(x.size()), dx(x.size());
+  auto all_finite = [](const alibi::parameter_gradients<float>& g) {
+    for (const auto& e : g)
+      for (float v : e.values)
+        if (!std::isfinite(v)) return false;
+    return true;
+  };
+  alibi::multi_head_attention<float, cpu> m(mha(E, 4, 2, true));
+  decltype(m)::activations ms;
+  m.forward_train(cview(x, B, L, E), mview(out, B, L, E), ms, opt);
+  alibi::parameter_gradients<float> mg;
+  m.backward(cview(dy, B, L, E), ms, mview(dx, B, L, E), mg);
+  CHECK(all_finite(mg));
+  alibi::layer_config lc;
+  lc.attention = mha(E, 4, 2, true);
+  lc.ff_dim = 32;
+  alibi::transformer_layer<float, cpu> layer(lc);
+  decltype(layer)::activations ls;
+  layer.forward_train(cview(x, B, L, E), mview(out, B, L, E), ls, opt);
+  alibi::parameter_gradients<float> lg;
+  layer.backward(cview(dy, B, L, E), ls, mview(dx, B, L, E), lg);
+  CHECK(all_finite(lg));
+  for (index_t i = 0; i < 2 * E; ++i) CHECK(std::isfinite(dx[static_cast<std::size_t>(i)]));
+}

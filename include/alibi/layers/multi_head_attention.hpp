@@ -328,10 +328,17 @@ void multi_head_attention<T, Backend>::run(tensor_view<const T, 3> query,
       detail::host_lengths(fn, "opt.q_lengths", opt.q_lengths, B, Lq);
   std::vector<index_t> k_len;
   if (cache != nullptr) {
-    if (opt.k_lengths.data != nullptr || opt.key_padding_mask.data != nullptr)
+    // Given means data or extents: a null view with extents is not "omitted".
+    if (opt.k_lengths.data != nullptr || opt.k_lengths.extents[0] != 0 ||
+        opt.key_padding_mask.data != nullptr || opt.key_padding_mask.size() != 0)
       detail::raise(
           argument_error(f + ": opt.k_lengths and opt.key_padding_mask cannot be used with a " +
                          "kv_cache (it tracks each sequence's length)"));
+    // The cache appends the new tokens' keys and values, one per query row.
+    if (Lk != Lq)
+      detail::raise(argument_error(
+          f + ": with a kv_cache, key and value hold the new tokens of the query: their " +
+          "extent(1) must be q_len = " + str(Lq) + ", got " + str(Lk)));
     if (cache->batch() != B || cache->kv_heads() != cfg_.kv_heads || cache->head_dim() != D)
       detail::raise(argument_error(f + ": the kv_cache has batch " + str(cache->batch()) +
                                    ", kv_heads " + str(cache->kv_heads()) + ", head_dim " +
@@ -596,6 +603,8 @@ void multi_head_attention<T, Backend>::train(tensor_view<const T, 3> query,
   if (saved.key_mask_) o.key_padding_mask = make_view<const bool>(saved.key_mask_.get(), B, Lk);
   if (self) {
     detail::zero_padded_rows<ops>(backend_, saved.query_.data(), E, Lq, E, used_rows(saved));
+    detail::zero_masked_padding<ops>(backend_, saved.query_.data(), E, Lq, E, saved.q_lengths_,
+                                     o.key_padding_mask);
     const auto xv = make_view<const T>(saved.query_.data(), B, Lq, E);
     run<T>(xv, xv, xv, out, o, nullptr, false, &saved);
   } else {

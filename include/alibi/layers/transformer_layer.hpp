@@ -346,6 +346,8 @@ void transformer_layer<T, Backend>::train(tensor_view<const T, 3> x, tensor_view
   ops::resize(saved.x_, rows * E);
   ops::copy_rows(backend_, x.data, ldx, saved.x_.data(), E, rows, E);
   detail::zero_padded_rows<ops>(backend_, saved.x_.data(), E, L, E, saved.used_);
+  detail::zero_masked_padding<ops>(backend_, saved.x_.data(), E, L, E, saved.q_lengths_,
+                                   opt.key_padding_mask);
   const T* X = saved.x_.data();
   const bool post = cfg_.norm == norm_position::post, gated = cfg_.ffn == ffn_type::gated;
   ops::resize(saved.ln1_out_, rows * E);
