@@ -292,25 +292,59 @@ inline attention_problem gate_skipping(const backend::cuda& be, attention_proble
 /// The internal entry point: `p` is a checked problem (detail::prepare) with head_dim D.
 /// `Tuning` (a kernel_tuning) names the kernel configuration; the library's backend uses
 /// the default, the GPU benchmark may pass others to compare them.
-template <class T, int D, class Tuning = kernel_tuning<>>
-void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
-            tensor_view<const T, 4> v, tensor_view<T, 4> out, cudaStream_t stream) {
+template <class T, int D, class Tuning = kernel_tuning<>, class F>
+void with_instance(const attention_problem& p, F&& f) {
   // Far-tile skipping as on the CPU, over blocks of key norms.
   const bool skip = p.skips_far_tiles((p.k_len + key_norm_block - 1) / key_norm_block);
-  auto run = [&](auto decode) {
+  auto pick = [&](auto decode) {
     constexpr bool Decode = decltype(decode)::value;
     if (skip)
-      launch_instance<kernel_traits<T, D, Decode, Tuning, true>>(p, q, k, v, out, stream);
+      f(kernel_traits<T, D, Decode, Tuning, true>{});
     else
-      launch_instance<kernel_traits<T, D, Decode, Tuning, false>>(p, q, k, v, out, stream);
+      f(kernel_traits<T, D, Decode, Tuning, false>{});
   };
   if constexpr (!std::is_same<T, float>::value) {
     if (p.q_len * p.group_size() <= 16) {
-      run(std::true_type{});
+      pick(std::true_type{});
       return;
     }
   }
-  run(std::false_type{});
+  pick(std::false_type{});
+}
+
+template <class T, int D, class Tuning = kernel_tuning<>>
+void launch(const attention_problem& p, tensor_view<const T, 4> q, tensor_view<const T, 4> k,
+            tensor_view<const T, 4> v, tensor_view<T, 4> out, cudaStream_t stream) {
+  with_instance<T, D, Tuning>(
+      p, [&](auto traits) { launch_instance<decltype(traits)>(p, q, k, v, out, stream); });
+}
+
+/// Refuses a call whose kernel instance needs more dynamic shared memory per block than the
+/// current device allows (sm_86/sm_89 GPUs allow 99 KiB; head_dim 128 needs more): a clear
+/// status instead of cudaFuncSetAttribute's "invalid argument" at launch. A device that
+/// cannot be queried is left to the launch to report.
+template <class T>
+status check_shared_memory(const std::string& f, const attention_problem& p) {
+  std::size_t need = 0;
+  dispatch_head_dim(p.head_dim, [&](auto dim) {
+    with_instance<T, decltype(dim)::value>(
+        p, [&](auto traits) { need = decltype(traits)::smem_bytes; });
+  });
+  int device = 0, limit = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    cudaGetLastError();  // the query's own error, not the call's
+    return {};
+  }
+  if (need > static_cast<std::size_t>(limit))
+    return status::failure(f + ": this call's kernel (head_dim " + detail::str(p.head_dim) +
+                           ") needs " + std::to_string(need) +
+                           " bytes of shared memory per block; the current device allows " +
+                           std::to_string(limit) +
+                           " (sm_80, sm_90 and newer data-center GPUs "
+                           "allow 163 KiB or more)");
+  return {};
 }
 
 /// The library's kernel instances, launch<T, D> with the default tuning for every element type
@@ -415,7 +449,7 @@ namespace detail {
 template <>
 struct attention_impl<backend::cuda> {
   template <class TQ, class TKV, class TO, class Isa>
-  static status can_implement(const backend::cuda&, const attention_problem& p,
+  static status can_implement(const backend::cuda& be, const attention_problem& p,
                               const attention_tensors<TQ, TKV, TO, Isa>& t) {
     const std::string f = "alibi::attention (cuda)";
     if (!cuda_detail::supported_element<TQ> || !std::is_same<TQ, TKV>::value)
@@ -440,6 +474,8 @@ struct attention_impl<backend::cuda> {
         p.batch * p.kv_heads * ((rows + 63) / 64) * 128 >= (index_t(1) << 31))
       return status::failure(f +
                              ": batch * kv_heads * ceil(q_len * group / 64) must be below 2^24");
+    if constexpr (cuda_detail::supported_element<TQ>)
+      return cuda_detail::check_shared_memory<TQ>(f, cuda_detail::gate_skipping(be, p));
     return {};
   }
 
@@ -458,6 +494,16 @@ struct attention_impl<backend::cuda> {
 
   template <class T>
   static void merge(const backend::cuda& be, const partial_merge_args<T>& a) {
+    const struct {
+      const char* name;
+      const void* ptr;
+    } views[] = {{"out_a", a.out_a.data}, {"lse_a", a.lse_a.data}, {"out_b", a.out_b.data},
+                 {"lse_b", a.lse_b.data}, {"out", a.out.data},     {"lse", a.lse.data}};
+    for (const auto& v : views)
+      if (cuda_detail::host_only_pointer(v.ptr))
+        raise(argument_error(std::string("alibi::merge_partials (cuda): ") + v.name +
+                             ".data points to host memory; the CUDA backend reads device "
+                             "memory (cudaMalloc, cudaMallocManaged or pinned host memory)"));
     cuda_detail::launch_partial_merge(a, be.stream);
   }
 };
