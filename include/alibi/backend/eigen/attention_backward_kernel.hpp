@@ -558,13 +558,14 @@ inline void run_backward(int threads, const attention_problem& p,
   // get each row's base-2 logsumexp in the shifted frame. Causal self-attention has shift 0.
   thread_local aligned_buffer<float> lse2_buf, out_buf;
   bool far_rows = false;
-  for (index_t b = 0; b < B && !far_rows; ++b)
-    for (index_t i = 0; i < p.len_q(b) && !far_rows; ++i) {
-      const index_t shift = p.distance_shift(b, i);
-      for (index_t h = 0; h < Hq && !far_rows && shift > 0; ++h)
-        far_rows =
-            std::fabs(p.slope(b, h)) * static_cast<double>(shift) > backward_config::max_lse_bias;
-    }
+  for (index_t b = 0; b < B && !far_rows; ++b) {
+    double steepest = 0.0;  // the batch entry's largest |slope|
+    for (index_t h = 0; h < Hq; ++h)
+      steepest = std::max(steepest, std::fabs(static_cast<double>(p.slope(b, h))));
+    for (index_t i = 0; i < p.len_q(b) && !far_rows; ++i)
+      far_rows =
+          steepest * static_cast<double>(p.distance_shift(b, i)) > backward_config::max_lse_bias;
+  }
   if (far_rows) {
     lse2_buf.reserve(static_cast<std::size_t>(rows));
     out_buf.reserve(static_cast<std::size_t>(rows * p.v_head_dim));
