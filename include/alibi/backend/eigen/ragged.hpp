@@ -426,9 +426,7 @@ void ragged_kernel(int threads, const ragged_problem& rp, const tensor_view<cons
     const index_t G = p.group_size(), r0 = rp.row0(it.s);
     for (index_t i = it.i0; i < it.i1; ++i)
       for (index_t h = it.g0 * G; h < it.g1 * G; ++h) {
-        const float* o = out.ptr(r0 + i, h);
-        for (index_t e = 0; e < p.v_head_dim; ++e)
-          if (!std::isfinite(o[e])) return false;
+        if (!all_finite(out.ptr(r0 + i, h), 0, 1, p.v_head_dim)) return false;
         if (rp.lse.data && std::isnan(rp.lse(0, h, r0 + i))) return false;
       }
     return true;

@@ -46,22 +46,6 @@ using const_rows_map = Eigen::Map<const row_matrix, Eigen::Unaligned, Eigen::Out
 using rows_map = Eigen::Map<row_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
 using cols_map = Eigen::Map<col_matrix, Eigen::Unaligned, Eigen::OuterStride<>>;
 
-/// Whether every element of a (rows, cols) block with row stride ld is finite. x * 0 is 0
-/// for finite x and NaN for Inf/NaN; 16 independent lanes let the compiler vectorize it.
-inline bool all_finite(const float* data, index_t ld, index_t rows, index_t cols) {
-  float acc[16] = {};
-  for (index_t r = 0; r < rows; ++r) {
-    const float* row = data + r * ld;
-    index_t c = 0;
-    for (; c + 16 <= cols; c += 16)
-      for (int t = 0; t < 16; ++t) acc[t] += row[c + t] * 0.0f;
-    for (; c < cols; ++c) acc[0] += row[c] * 0.0f;
-  }
-  float total = 0.0f;
-  for (float a : acc) total += a;
-  return total == 0.0f;
-}
-
 /// One work item: query rows [i0, i0 + n) of head h of batch entry b (all within the
 /// entry's query length) against the keys [kb, ke), with the per-row state in the thread's
 /// workspace.

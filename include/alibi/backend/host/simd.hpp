@@ -355,6 +355,22 @@ inline void score_tile_far(float* s, index_t row_stride, index_t col_stride, con
     }
 }
 
+/// Whether every element of a (rows, cols) block with row stride ld is finite. x * 0 is 0
+/// for finite x and NaN for Inf/NaN; 16 independent lanes let the compiler vectorize it.
+inline bool all_finite(const float* data, index_t ld, index_t rows, index_t cols) {
+  float acc[16] = {};
+  for (index_t r = 0; r < rows; ++r) {
+    const float* row = data + r * ld;
+    index_t c = 0;
+    for (; c + 16 <= cols; c += 16)
+      for (int t = 0; t < 16; ++t) acc[t] += row[c + t] * 0.0f;
+    for (; c < cols; ++c) acc[0] += row[c] * 0.0f;
+  }
+  float total = 0.0f;
+  for (float a : acc) total += a;
+  return total == 0.0f;
+}
+
 }  // namespace ALIBI_CPU_ISA
 }  // namespace cpu
 }  // namespace detail
