@@ -17,6 +17,7 @@
 #include "alibi/core/key_blocks.hpp"
 #include "alibi/core/problem.hpp"
 #include "alibi/core/tensor_view.hpp"
+#include "alibi/core/view_checks.hpp"
 
 namespace alibi {
 
@@ -50,8 +51,6 @@ template <class Backend>
 inline constexpr bool reads_host_memory =
     std::is_same<typename Backend::memory_space, host_space>::value;
 
-inline std::string str(index_t v) { return std::to_string(v); }
-
 /// The argument checks of key_norm_bounds (every backend's; `f` names the function): k's
 /// extents and contiguous head dim, bounds of shape (batch, kv_heads, ceil(k_len /
 /// key_norm_block)), first_key in [0, k_len]. Throws alibi::error.
@@ -72,99 +71,6 @@ void check_key_norm_bounds_args(const std::string& f, const tensor_view<const T,
   if (first_key < 0 || first_key > L)
     raise(argument_error(f + ": first_key must be in [0, k_len = " + str(L) + "], got " +
                          str(first_key)));
-}
-
-/// Largest element offset a view can reach, or -1 if it does not fit in int64.
-template <class T, int R>
-index_t max_offset(const tensor_view<T, R>& v) {
-  index_t off = 0;
-  for (int d = 0; d < R; ++d) {
-    if (v.extents[d] == 0) return 0;
-    if (v.extents[d] == 1) continue;                                     // its stride is never used
-    if (v.strides[d] == std::numeric_limits<index_t>::min()) return -1;  // |stride| overflows
-    const index_t s = v.strides[d] < 0 ? -v.strides[d] : v.strides[d];
-    index_t term = 0;
-    if (__builtin_mul_overflow(v.extents[d] - 1, s, &term)) return -1;
-    if (__builtin_add_overflow(off, term, &off)) return -1;
-  }
-  return off;
-}
-
-/// The number of elements of a view (extents non-negative), or -1 if it does not fit in
-/// int64. tensor_view::size() stays a plain product (usable on the device); the front end
-/// checks with this first, so that size() never overflows on a view it accepted.
-template <class T, int R>
-index_t element_count(const tensor_view<T, R>& v) {
-  return detail::checked_product(v.extents, v.extents + R);
-}
-
-/// Checks one view: sizes non-negative, element count and offsets in int64, data present
-/// when non-empty.
-template <class T, int R>
-status check_view(const char* fn, const char* name, const tensor_view<T, R>& v) {
-  for (int d = 0; d < R; ++d)
-    if (v.extents[d] < 0)
-      return status::failure(std::string(fn) + ": " + name + ".extent(" + str(d) +
-                             ") must be >= 0, got " + str(v.extents[d]));
-  const index_t n = element_count(v);
-  if (n < 0)
-    return status::failure(std::string(fn) + ": " + name +
-                           "'s element count (the product of its extents) must fit in a "
-                           "64-bit integer");
-  if (n > 0 && v.data == nullptr)
-    return status::failure(std::string(fn) + ": " + name + ".data is null but " + name + " has " +
-                           str(n) + " elements");
-  if (max_offset(v) < 0)
-    return status::failure(std::string(fn) + ": " + name +
-                           "'s extents and strides reach past a 64-bit element offset");
-  return {};
-}
-
-/// Whether two distinct indices of `v` may address the same element. Sufficient test for
-/// strided layouts: order the dimensions with extent > 1 by |stride|; each |stride| must
-/// exceed the largest offset reachable by the smaller dimensions together, sum (extent - 1)
-/// * |stride|. Layouts that interleave (rare for outputs) are refused even where they happen
-/// not to collide. Call after check_view passed (the sums then fit in int64).
-template <class T, int R>
-bool may_overlap(const tensor_view<T, R>& v) {
-  if (element_count(v) <= 1) return false;
-  index_t ext[R], step[R];  // extents > 1 and their |stride|
-  int n = 0;
-  for (int d = 0; d < R; ++d)
-    if (v.extents[d] > 1) {
-      ext[n] = v.extents[d];
-      step[n] = v.strides[d] < 0 ? -v.strides[d] : v.strides[d];
-      ++n;
-    }
-  // Insertion sort by |stride| (R is small).
-  for (int i = 1; i < n; ++i)
-    for (int j = i; j > 0 && step[j] < step[j - 1]; --j) {
-      std::swap(step[j], step[j - 1]);
-      std::swap(ext[j], ext[j - 1]);
-    }
-  index_t reach = 0;  // largest offset the dimensions before i reach together
-  for (int i = 0; i < n; ++i) {
-    if (step[i] <= reach) return true;
-    reach += (ext[i] - 1) * step[i];
-  }
-  return false;
-}
-
-/// Refuses an output view whose elements overlap (written twice: the result would depend on
-/// the order of the writes, and threads would race).
-template <class T, int R>
-status check_no_overlap(const char* fn, const char* name, const tensor_view<T, R>& v) {
-  if (!may_overlap(v)) return {};
-  std::string shape, strides;
-  for (int d = 0; d < R; ++d) {
-    shape += (d ? ", " : "") + str(v.extents[d]);
-    strides += (d ? ", " : "") + str(v.strides[d]);
-  }
-  return status::failure(std::string(fn) + ": " + name +
-                         "'s elements must not overlap (each index must address its own "
-                         "element), but extents (" +
-                         shape + ") with strides (" + strides +
-                         ") make distinct indices share elements");
 }
 
 /// Checks an optional view's shape when it is given.
@@ -365,6 +271,20 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
                                 "(batch, kv_heads, ceil(k_len / key_norm_block))");
       !s)
     return s;
+
+  // The outputs are written, row blocks in parallel, while every other argument is read.
+  for (const status& s :
+       {check_disjoint_from(fn, "out", out, "q", q, "k", k, "v", v, "params.logsumexp", p.logsumexp,
+                            "params.key_norm_bounds", p.key_norm_bounds, "params.key_mask",
+                            p.key_mask, "params.slopes.values", p.slopes.values, "params.q_lengths",
+                            p.q_lengths, "params.k_lengths", p.k_lengths, "params.q_offsets",
+                            p.q_offsets, "params.k_offsets", p.k_offsets),
+        check_disjoint_from(fn, "params.logsumexp", p.logsumexp, "q", q, "k", k, "v", v,
+                            "params.key_norm_bounds", p.key_norm_bounds, "params.key_mask",
+                            p.key_mask, "params.slopes.values", p.slopes.values, "params.q_lengths",
+                            p.q_lengths, "params.k_lengths", p.k_lengths, "params.q_offsets",
+                            p.q_offsets, "params.k_offsets", p.k_offsets)})
+    if (!s) return s;
 
   prob = problem_of(p, B, Hq, Hkv, Lq, Lk, D, Dv, scale);
 

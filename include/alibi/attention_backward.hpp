@@ -114,6 +114,19 @@ status make_backward_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 
   for (const status& s : {check_no_overlap(fn, "dq", dq), check_no_overlap(fn, "dk", dk),
                           check_no_overlap(fn, "dv", dv)})
     if (!s) return s;
+  // The gradients are written, blocks in parallel, while the forward's tensors are read.
+  // (The small per-batch parameter views are checked against the forward's outputs only.)
+  for (const status& s :
+       {check_disjoint_from(fn, "dq", dq, "q", q, "k", k, "v", v, "out", out, "dout", dout,
+                            "params.logsumexp", lse, "dk", dk, "dv", dv, "dslopes", dslopes),
+        check_disjoint_from(fn, "dk", dk, "q", q, "k", k, "v", v, "out", out, "dout", dout,
+                            "params.logsumexp", lse, "dv", dv, "dslopes", dslopes),
+        check_disjoint_from(fn, "dv", dv, "q", q, "k", k, "v", v, "out", out, "dout", dout,
+                            "params.logsumexp", lse, "dslopes", dslopes),
+        check_disjoint_from(fn, "dslopes", dslopes, "q", q, "k", k, "v", v, "out", out, "dout",
+                            dout, "params.logsumexp", lse, "params.slopes.values",
+                            params.slopes.values)})
+    if (!s) return s;
   return {};
 }
 
@@ -202,7 +215,8 @@ status can_implement_backward(const Backend& backend, tensor_view<TQ, 4> q, tens
 /// Every element of dq, dk, dv (and dslopes) is written: zeros for padded query rows,
 /// keys past a length or excluded by the key mask, and rows without keys. Memory the
 /// forward never reads (padding, excluded keys) is not read here either, and dout of
-/// padded query rows is not read. Outputs must not alias inputs. With
+/// padded query rows is not read. An output that shares memory with another argument is
+/// refused (docs/contract.md, "Outputs must not overlap"). With
 /// params.skip_far_tiles (the default), the fused backend skips (query tile, key tile)
 /// pairs whose total softmax weight is provably below 2^-25 per side of each row; the
 /// resulting change of the gradients is bounded in docs/far-tile-skipping.md ("In the

@@ -92,7 +92,18 @@ status check_merge(const tensor_view<TA, 4>& out_a, const tensor_view<const floa
   if (status s = check_optional(fn, "lse", lse, rows, "(batch, heads, len)"); !s) return s;
   // The rows are merged in parallel: an output element written from two rows would race.
   if (status s = check_no_overlap(fn, "out", out); !s) return s;
-  return check_no_overlap(fn, "lse", lse);
+  if (status s = check_no_overlap(fn, "lse", lse); !s) return s;
+  // In place is allowed (out the very view out_a or out_b, lse lse_a or lse_b: each element is
+  // read before it is written); any other sharing with an argument is refused.
+  for (const status& s :
+       {same_elements(out, out_a) ? status{} : check_disjoint(fn, "out", out, "out_a", out_a),
+        same_elements(out, out_b) ? status{} : check_disjoint(fn, "out", out, "out_b", out_b),
+        same_elements(lse, lse_a) ? status{} : check_disjoint(fn, "lse", lse, "lse_a", lse_a),
+        same_elements(lse, lse_b) ? status{} : check_disjoint(fn, "lse", lse, "lse_b", lse_b),
+        check_disjoint_from(fn, "out", out, "lse_a", lse_a, "lse_b", lse_b, "lse", lse),
+        check_disjoint_from(fn, "lse", lse, "out_a", out_a, "out_b", out_b)})
+    if (!s) return s;
+  return {};
 }
 
 }  // namespace detail

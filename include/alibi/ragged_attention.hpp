@@ -329,6 +329,15 @@ status make_ragged_problem(const tensor_view<TQ, 3>& q, const tensor_view<const 
       !s)
     return s;
   if (status s = check_no_overlap(fn, "params.logsumexp", p.logsumexp); !s) return s;
+  // The outputs are written, items in parallel, while the queries and the cache are read.
+  for (const status& s :
+       {check_disjoint_from(fn, "out", out, "q", q, "cu_seqlens_q", cu, "kv.k", kv.k, "kv.v", kv.v,
+                            "kv.k_scales", kv.k_scales, "kv.v_scales", kv.v_scales,
+                            "params.logsumexp", p.logsumexp),
+        check_disjoint_from(fn, "params.logsumexp", p.logsumexp, "q", q, "cu_seqlens_q", cu, "kv.k",
+                            kv.k, "kv.v", kv.v, "kv.k_scales", kv.k_scales, "kv.v_scales",
+                            kv.v_scales)})
+    if (!s) return s;
 
   rp.row_start.assign(static_cast<std::size_t>(S + 1), 0);
   rp.q_lens.assign(static_cast<std::size_t>(S), 0);

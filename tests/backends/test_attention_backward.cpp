@@ -753,10 +753,21 @@ TEST_CASE("backward: every bad argument is an alibi::error naming it", "[backwar
                   alibi::make_strided_view<float, 4>(dk.data(), {1, 2, 8, 4}, {64, 0, 4, 1}), v(dv),
                   c.p);
   });
+  expect("dq and q share memory", [&] {
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(c.q), v(dk), v(dv), c.p);
+  });
+  expect("dk and dv share memory", [&] {
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk), v(dk), c.p);
+  });
+  expect("dv and dout share memory", [&] {
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk), v(c.dout),
+                  c.p);
+  });
   expect("the gradients must be float", [&] {
-    std::vector<double> dd(c.q.size());
-    auto dv64 = alibi::make_view(dd.data(), 1, 2, 8, 4);
-    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, dv64, dv64, dv64, c.p);
+    std::vector<double> d1(c.q.size()), d2(c.q.size()), d3(c.q.size());
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse,
+                  alibi::make_view(d1.data(), 1, 2, 8, 4), alibi::make_view(d2.data(), 1, 2, 8, 4),
+                  alibi::make_view(d3.data(), 1, 2, 8, 4), c.p);
   });
   CHECK(can_implement_backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
                                     v(dk), v(dv), c.p));

@@ -533,6 +533,13 @@ TEST_CASE("ragged: bad arguments are refused with the argument named", "[ragged]
   };
   const alibi::attention_params p = c.params(true);
   REQUIRE(message(c.paged(), c.cu, p) == "ok");
+  {  // The output over the queries (written while they are read).
+    std::vector<float> qo = c.q;
+    const alibi::status st = alibi::can_implement_ragged(
+        be, alibi::make_view<const float>(qo.data(), c.total, sp.q_heads, sp.head_dim), c.cuv(),
+        c.paged(), alibi::make_view(qo.data(), c.total, sp.q_heads, sp.v_head_dim), p);
+    REQUIRE_THAT(st.message(), Catch::Contains("out and q share memory"));
+  }
   std::vector<std::int32_t> table = c.table;
   table[0] = static_cast<std::int32_t>(c.pages);
   alibi::paged_kv<float> kv = c.paged();

@@ -3,6 +3,8 @@
 // attention() and, without throwing, from can_implement().
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -294,6 +296,115 @@ TEST_CASE("out and logsumexp must not overlap themselves", "[validation]") {
   REQUIRE_THAT(message_of(ref, f, p), Contains("params.logsumexp's elements must not overlap"));
   p.logsumexp = alibi::make_view(lse.data(), 2, 4, 5);
   REQUIRE(message_of(ref, f, p) == "ok");
+}
+
+TEST_CASE("an output must not share memory with another argument", "[validation]") {
+  const alibi::backend::reference ref{};
+  const alibi::backend::eigen eig{2};
+  {  // In place over the queries.
+    fixture f;
+    f.out = f.q;
+    REQUIRE_THAT(message_of(ref, f), Contains("out and q share memory"));
+    REQUIRE_THAT(message_of(eig, f), Contains("out and q share memory"));
+    CHECK_THROWS_WITH(alibi::attention(eig, f.q, f.k, f.v, f.out),
+                      Contains("out is written by this call"));
+  }
+  {  // One element of v (its last) under out's first; out's other elements are its own.
+    fixture f(1, 2, 2, 1, 1, 4);
+    std::vector<float> both(16, 0.5f);
+    f.v = alibi::make_view(both.data(), 1, 2, 1, 4);
+    f.out = alibi::make_view(both.data() + 7, 1, 2, 1, 4);
+    REQUIRE_THAT(message_of(ref, f), Contains("out and v share memory"));
+    f.out = alibi::make_view(both.data() + 8, 1, 2, 1, 4);
+    REQUIRE(message_of(ref, f) == "ok");  // adjacent, not overlapping
+  }
+  {  // The logsumexp inside out's buffer, and the key-norm bounds under the logsumexp.
+    fixture f;
+    alibi::attention_params p;
+    p.logsumexp = alibi::make_view(f.ob.data() + 3, 2, 4, 5);
+    REQUIRE_THAT(message_of(ref, f, p), Contains("out and params.logsumexp share memory"));
+    std::vector<float> lse(2 * 4 * 5);
+    p.logsumexp = alibi::make_view(lse.data(), 2, 4, 5);
+    p.key_norm_bounds = alibi::make_view<const float>(lse.data() + 1, 2, 2, 1);
+    REQUIRE_THAT(message_of(ref, f, p),
+                 Contains("params.logsumexp and params.key_norm_bounds share memory"));
+  }
+  {  // A packed (batch, seq, 4, heads, dim) buffer: q, k, v and out each in a slot of their
+     // own interleave without sharing an element; out in k's slot does share.
+    const index_t B = 2, L = 5, H = 2, D = 8;
+    std::vector<float> packed(static_cast<std::size_t>(B * L * 4 * H * D), 0.25f);
+    auto slot = [&](int s) {
+      return alibi::make_strided_view<float, 4>(packed.data() + s * H * D, {B, H, L, D},
+                                                {L * 4 * H * D, D, 4 * H * D, 1});
+    };
+    fixture f(B, H, H, L, L, D);
+    f.q = slot(0);
+    f.k = slot(1);
+    f.v = slot(2);
+    f.out = slot(3);
+    REQUIRE(message_of(ref, f) == "ok");
+    REQUIRE_NOTHROW(alibi::attention(eig, f.q, f.k, f.v, f.out));
+    f.out = slot(1);
+    REQUIRE_THAT(message_of(ref, f), Contains("out and k share memory"));
+  }
+}
+
+TEST_CASE("views_share_bytes agrees with enumerating both views' bytes", "[validation]") {
+  // Random strided layouts in one buffer (negative, zero and interleaving strides), float
+  // against float and against 2-byte elements: the test is exact, not a span test.
+  std::vector<float> buf(4096);
+  const char* base = reinterpret_cast<const char*>(buf.data());
+  auto bytes_of = [&](const auto& v) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(v.data)>>;
+    std::vector<long> out;
+    for (index_t i = 0; i < v.extents[0]; ++i)
+      for (index_t j = 0; j < v.extents[1]; ++j)
+        for (index_t l = 0; l < v.extents[2]; ++l) {
+          const char* e = reinterpret_cast<const char*>(&v(i, j, l));
+          for (std::size_t c = 0; c < sizeof(T); ++c) out.push_back(e - base + long(c));
+        }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  auto share = [](const std::vector<long>& x, const std::vector<long>& y) {
+    std::vector<long> both;
+    std::set_intersection(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(both));
+    return !both.empty();
+  };
+  std::uint64_t seed = 88172645463325252ull;
+  auto next = [&](int n) {
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
+    return static_cast<index_t>(seed % static_cast<std::uint64_t>(n));
+  };
+  auto random_view = [&](auto* data, index_t shift) {
+    using T = std::remove_pointer_t<decltype(data)>;
+    alibi::tensor_view<T, 3> v;
+    index_t low = 0;
+    for (int d = 0; d < 3; ++d) {
+      v.extents[d] = 1 + next(4);
+      v.strides[d] = next(23) - shift;
+      low += std::min<index_t>(0, v.strides[d] * (v.extents[d] - 1));
+    }
+    v.data = data - low + next(48);
+    return v;
+  };
+  int shared = 0, agree = 0;
+  const int cases = 4000;
+  for (int c = 0; c < cases; ++c) {
+    const auto a = random_view(buf.data() + 500, 3);
+    const auto b = random_view(buf.data() + 500, 5);
+    const auto h = random_view(reinterpret_cast<std::int16_t*>(buf.data() + 500), 4);
+    const auto ba = bytes_of(a), bb = bytes_of(b), bh = bytes_of(h);
+    agree += alibi::detail::views_share_bytes(a, b) == share(ba, bb);
+    agree += alibi::detail::views_share_bytes(a, h) == share(ba, bh);
+    shared += share(ba, bb);
+  }
+  CHECK(agree == 2 * cases);
+  // Both answers occur often enough for the comparison to mean something.
+  CHECK(shared > cases / 10);
+  CHECK(shared < cases * 9 / 10);
 }
 
 TEST_CASE("caller slopes must be present and have q_heads entries", "[validation]") {

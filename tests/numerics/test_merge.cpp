@@ -139,6 +139,16 @@ TEST_CASE("merge_partials: empty sides, NaN, in place, errors", "[merge]") {
   const auto same_lse = alibi::make_strided_view<float, 3>(l.data(), {1, 1, 2}, {2, 2, 0});
   REQUIRE_THROWS_WITH(alibi::merge_partials(be, v4(a), v3(la), v4(b), v3(lb), v4(o), same_lse),
                       Catch::Contains("lse"));
+  // Sharing other than in place is refused: out one row off out_a (row 1 of out is row 0 of
+  // out_a, read after it was written), the logsumexp over out_b's elements.
+  std::vector<float> a3 = {1, 2, 3, 4, 0, 0};
+  const auto shifted = alibi::make_view(a3.data() + 2, 1, 1, 2, 2);
+  REQUIRE_THROWS_WITH(alibi::merge_partials(be, alibi::make_view(a3.data(), 1, 1, 2, 2), v3(la),
+                                            v4(b), v3(lb), shifted, v3(l)),
+                      Catch::Contains("out and out_a share memory"));
+  REQUIRE_THROWS_WITH(alibi::merge_partials(be, v4(a), v3(la), v4(b), v3(lb), v4(o),
+                                            alibi::make_view(b.data() + 1, 1, 1, 2)),
+                      Catch::Contains("lse and out_b share memory"));
 }
 
 TEST_CASE("merge_partials: logsumexps beyond 2.4e38 in magnitude", "[merge]") {
