@@ -4,11 +4,13 @@
 // (model.safetensors.index.json), and the corrupt-file errors the JSON library brought.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -344,6 +346,44 @@ TEST_CASE("safetensors: overlapping tensors, bad numbers and bad JSON are clear 
   w.add("quote\"back\\slash\ttab", {1}, std::vector<float>{2});
   REQUIRE(safetensors::parse(w.bytes()).to_float("quote\"back\\slash\ttab") ==
           std::vector<float>{2});
+}
+
+TEST_CASE("safetensors: many keys, F64 beyond float, a write that fails at close",
+          "[safetensors][errors]") {
+  using alibi::safetensors;
+  // 100,000 metadata keys in descending order, then the last one again. The duplicate check
+  // kept a sorted vector per object, quadratic in this order (minutes for a hostile header);
+  // it is a hash set now.
+  std::string header = R"({"__metadata__":{)";
+  for (int i = 100000; i > 0; --i) header += "\"k" + std::to_string(i) + "\":\"v\",";
+  header += R"("k1":"v"}})";
+  std::vector<unsigned char> raw(8 + header.size());
+  for (int b = 0; b < 8; ++b)
+    raw[static_cast<std::size_t>(b)] =
+        static_cast<unsigned char>((std::uint64_t{header.size()} >> (8 * b)) & 0xFF);
+  std::copy(header.begin(), header.end(), raw.begin() + 8);
+  REQUIRE_THROWS_WITH(safetensors::parse(raw), Contains("the key 'k1' appears twice"));
+
+  // F64 values beyond float's range are refused, naming the tensor and the element;
+  // infinities and NaN are carried, the largest floats kept.
+  const double big[] = {1.0, 1e300, -1e39};
+  const double edge[] = {std::numeric_limits<double>::infinity(),
+                         static_cast<double>(std::numeric_limits<float>::max()), -2.5};
+  alibi::safetensors_writer w;
+  w.add_raw("big", "F64", {3}, big);
+  w.add_raw("edge", "F64", {3}, edge);
+  const auto file = safetensors::parse(w.bytes(), "d.safetensors");
+  REQUIRE_THROWS_WITH(file.to_float("big"),
+                      Contains("tensor 'big' in d.safetensors holds 1.0000000000000001e+300 at "
+                               "element 1, beyond float's range"));
+  const std::vector<float> e = file.to_float("edge");
+  REQUIRE(std::isinf(e[0]));
+  REQUIRE(e[1] == std::numeric_limits<float>::max());
+  REQUIRE(e[2] == -2.5f);
+
+  // A full disk shows when the file is closed: the writer reports it.
+  if (std::filesystem::exists("/dev/full"))
+    REQUIRE_THROWS_WITH(w.write("/dev/full"), Contains("cannot write '/dev/full'"));
 }
 
 TEST_CASE("safetensors byte sizes that wrap are refused", "[safetensors]") {

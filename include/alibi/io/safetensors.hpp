@@ -11,13 +11,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -58,6 +62,11 @@ class file_bytes {
 #if defined(__unix__) || defined(__APPLE__)
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) cannot_open(path, std::strerror(errno));
+    // Closes the file on every way out, an exception from the buffer's allocation included.
+    struct fd_guard {
+      int fd;
+      ~fd_guard() { ::close(fd); }
+    } guard{fd};
     struct ::stat st;
     const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
     // mmap refuses a length of 0 and files that are not regular (pipes, devices); those are
@@ -65,10 +74,10 @@ class file_bytes {
     if (map && regular && st.st_size > 0 &&
         static_cast<std::uint64_t>(st.st_size) <= static_cast<std::uint64_t>(SIZE_MAX)) {
       const auto size = static_cast<std::size_t>(st.st_size);
+      // Allocated before the mapping, so that nothing is left mapped if this throws.
+      std::shared_ptr<file_bytes> out(new file_bytes(std::vector<unsigned char>()));
       void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p != MAP_FAILED) {
-        ::close(fd);
-        std::shared_ptr<file_bytes> out(new file_bytes(std::vector<unsigned char>()));
         out->data_ = static_cast<const unsigned char*>(p);
         out->size_ = size;
         out->mapped_ = true;
@@ -82,15 +91,10 @@ class file_bytes {
     while (true) {
       const ::ssize_t got = ::read(fd, chunk, sizeof chunk);
       if (got < 0 && errno == EINTR) continue;
-      if (got < 0) {
-        const std::string why = std::strerror(errno);
-        ::close(fd);
-        cannot_open(path, why);
-      }
+      if (got < 0) cannot_open(path, std::strerror(errno));
       if (got == 0) break;
       bytes.insert(bytes.end(), chunk, chunk + got);
     }
-    ::close(fd);
     return std::make_shared<const file_bytes>(std::move(bytes));
 #else
     static_cast<void>(map);
@@ -163,7 +167,7 @@ inline bool json_depth_ok(const char* begin, const char* end) {
     } else if (*c == '[' || *c == '{') {
       if (++depth > max_json_depth) return false;
     } else if (*c == ']' || *c == '}') {
-      --depth;
+      if (--depth < 0) return true;  // unbalanced: the parser reports the syntax error
     }
   }
   return true;
@@ -209,7 +213,9 @@ inline json_document parse_json(const char* begin, const char* end, const std::s
     detail::raise(io_error(context + ": JSON nested deeper than " + std::to_string(max_json_depth) +
                            " levels"));
   using event = nlohmann::json::parse_event_t;
-  std::vector<std::vector<std::string>> keys;  // of each open object, sorted
+  // The keys of each open object (a hash set: a header may hold millions of keys, in any
+  // order).
+  std::vector<std::unordered_set<std::string>> keys;
   std::string duplicate;
   bool has_duplicate = false;
   const nlohmann::json::parser_callback_t note_keys = [&](int, event e, nlohmann::json& parsed) {
@@ -218,14 +224,10 @@ inline json_document parse_json(const char* begin, const char* end, const std::s
     } else if (e == event::object_end) {
       if (!keys.empty()) keys.pop_back();
     } else if (e == event::key && !keys.empty() && parsed.is_string()) {
-      std::vector<std::string>& open = keys.back();
       const std::string& k = parsed.get_ref<const std::string&>();
-      const auto at = std::lower_bound(open.begin(), open.end(), k);
-      if (at != open.end() && *at == k) {
+      if (!keys.back().insert(k).second) {
         if (!has_duplicate) duplicate = k;
         has_duplicate = true;
-      } else {
-        open.insert(at, k);
       }
     }
     return true;
@@ -262,8 +264,13 @@ inline namespace ALIBI_CPU_ISA {
 /// of the float's 23, a bfloat16 is a float's top half), so a NaN keeps its sign, its payload
 /// and its quiet/signalling bit (except through vcvtph2ps, which quiets a signalling half NaN);
 /// F64 NaNs go through the C++ conversion (quieted, payload truncated, as the hardware does).
+/// Converts `count` stored values to float. Returns the index of the first finite value
+/// beyond float's range (a double; its conversion would be undefined, in practice +-inf),
+/// stored in `too_large`, or `count` when there is none; the values from there on are not
+/// converted.
 template <class Stored>
-void stored_to_float(const unsigned char* src, float* dst, std::size_t count) {
+std::size_t stored_to_float(const unsigned char* src, float* dst, std::size_t count,
+                            double* too_large = nullptr) {
   constexpr std::size_t chunk = 2048;
   Stored buffer[chunk];
   for (std::size_t i = 0; i < count; i += chunk) {
@@ -275,11 +282,22 @@ void stored_to_float(const unsigned char* src, float* dst, std::size_t count) {
       std::reverse(b, b + sizeof(Stored));
     }
 #endif
+    if constexpr (sizeof(Stored) > sizeof(float)) {
+      constexpr double top = static_cast<double>(std::numeric_limits<float>::max());
+      for (std::size_t j = 0; j < m; ++j) {
+        const double x = static_cast<double>(buffer[j]);
+        if (std::isfinite(x) && std::abs(x) > top) {
+          if (too_large) *too_large = x;
+          return i + j;
+        }
+      }
+    }
     using in_t = Eigen::Array<Stored, Eigen::Dynamic, 1>;
     using out_t = Eigen::Array<float, Eigen::Dynamic, 1>;
     Eigen::Map<out_t>(dst + i, static_cast<Eigen::Index>(m)) =
         Eigen::Map<const in_t>(buffer, static_cast<Eigen::Index>(m)).template cast<float>();
   }
+  return count;
 }
 
 /// Little-endian F32 bytes to float: a copy (a byte swap on a big-endian host).
@@ -393,9 +411,17 @@ class safetensors {
       detail::stored_to_float<Eigen::half>(p, out, n);
     else if (t.dtype == "BF16")
       detail::stored_to_float<Eigen::bfloat16>(p, out, n);
-    else if (t.dtype == "F64")
-      detail::stored_to_float<double>(p, out, n);
-    else
+    else if (t.dtype == "F64") {
+      double x = 0;
+      if (const std::size_t e = detail::stored_to_float<double>(p, out, n, &x); e != n) {
+        char value[32];
+        std::snprintf(value, sizeof value, "%.17g", x);
+        detail::raise(argument_error("alibi::safetensors: tensor '" + name + "' in " + origin_ +
+                                     " holds " + value + " at element " +
+                                     std::to_string(first + e) +
+                                     ", beyond float's range (an F64 value read as float)"));
+      }
+    } else
       detail::raise(argument_error("alibi::safetensors: tensor '" + name + "' in " + origin_ +
                                    " has dtype " + t.dtype + "; expected F32, F16, BF16 or F64"));
   }
@@ -733,6 +759,8 @@ class safetensors_writer {
     for (const auto& t : tensors_)
       out.write(reinterpret_cast<const char*>(t.second.data.data()),
                 static_cast<std::streamsize>(t.second.data.size()));
+    // The last buffered bytes reach the file at close: a full disk shows there, not before.
+    out.close();
     if (!out) detail::raise(io_error("alibi::safetensors_writer: cannot write '" + path + "'"));
   }
 
