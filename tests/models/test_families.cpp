@@ -596,6 +596,13 @@ TEST_CASE("families: config.json files give the presets", "[layers][families]") 
     REQUIRE(g.layer.attention.kv_heads == 2);
     REQUIRE(g.layer.attention.slopes.max_bias == 16.0f);
     REQUIRE(g.layer.attention.bias);  // no_bias defaults to false
+    // Newer configs spell out the defaults of the options that are refused when set.
+    const auto h = from_config(R"({"model_type": "mpt", "d_model": 64, "n_heads": 4,
+        "n_layers": 2, "attn_config": {"alibi": true, "sliding_window_size": -1,
+        "attn_logit_softcapping": null, "qk_gn": false, "rope": false, "clip_qkv": null},
+        "ffn_config": {"ffn_type": "mptmlp", "ffn_hidden_size": 256,
+        "ffn_act_fn": {"name": "gelu", "approximate": "none"}}})");
+    REQUIRE(h.layer.ff_dim == 256);
   }
   SECTION("Baichuan-13B") {
     const auto f = from_config(R"({"model_type": "baichuan", "hidden_size": 5120,
@@ -661,6 +668,31 @@ TEST_CASE("families: config.json files give the presets", "[layers][families]") 
     refuses(R"({"model_type": "mpt", "d_model": 64, "logit_scale": 2.0,
         "attn_config": {"alibi": true}})",
             "logit_scale");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true,
+        "attn_type": "multihead_atention"}})",
+            "attn_type is \"multihead_atention\"");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true,
+        "qk_gn": true}})",
+            "qk_gn");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true,
+        "rope": true}})",
+            "rope");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true,
+        "attn_logit_softcapping": 30.0}})",
+            "attn_logit_softcapping");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true,
+        "sliding_window_size": 512}})",
+            "sliding_window_size");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true},
+        "ffn_config": {"ffn_type": "mptmlp", "ffn_act_fn": {"name": "relu"}}})",
+            "ffn_act_fn");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "attn_config": {"alibi": true},
+        "ffn_config": {"ffn_type": "mptmlp", "ffn_act_fn": {"name": "gelu",
+        "approximate": "tanh"}}})",
+            "ffn_act_fn");
+    refuses(R"({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2,
+        "attn_config": {"alibi": true}, "ffn_config": {"ffn_hidden_size": 200}})",
+            "ffn_hidden_size (200) is not expansion_ratio * d_model (4 * 64");
     const std::string falcon = R"("model_type": "falcon", "hidden_size": 64, "alibi": true,
         "parallel_attn": false, "multi_query": false, "new_decoder_architecture": false)";
     refuses("{" + falcon + R"(, "apply_residual_connection_post_layernorm": true})",
@@ -753,4 +785,26 @@ TEST_CASE("families: a model's output head is found beside its root, and require
   }
   const std::vector<float> plain = logits(file_of("", true));
   REQUIRE(logits(file_of("base_model.model.", true)) == plain);
+}
+
+TEST_CASE("families: a model's layer count must be the checkpoint's",
+          "[layers][families][causal_lm]") {
+  // A config that names fewer layers than the checkpoint holds once loaded a truncated model
+  // silently; more layers than it holds, or a count too large to allocate, are refused too.
+  const hf_model hf(mpt_spec(2), 29);
+  const auto file = alibi::safetensors::parse([&] {
+    alibi::safetensors_writer w;
+    for (const auto& kv : hf.tensors) w.add(kv.first, kv.second.shape, kv.second.data);
+    return w.bytes();
+  }());
+  alibi::model_family family = library_family(hf.spec, hf.layers);
+  REQUIRE_NOTHROW(alibi::causal_lm<float, cpu>(file, family));
+  family.num_layers = 1;
+  REQUIRE_THROWS_WITH((alibi::causal_lm<float, cpu>(file, family)),
+                      Catch::Contains("holds more layers than the family's num_layers = 1"));
+  family.num_layers = 3;
+  REQUIRE_THROWS_WITH((alibi::causal_lm<float, cpu>(file, family)),
+                      Catch::Contains("the family has num_layers = 3 but"));
+  family.num_layers = index_t{1} << 60;
+  REQUIRE_THROWS_AS((alibi::causal_lm<float, cpu>(file, family)), alibi::io_error);
 }

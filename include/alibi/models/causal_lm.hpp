@@ -65,6 +65,10 @@ class causal_lm {
       detail::raise(argument_error("alibi::causal_lm: vocab * embed_dim (" + detail::str(vocab) +
                                    " * " + detail::str(E) +
                                    ") does not fit in 64-bit byte counts"));
+    if (static_cast<std::uint64_t>(family_.num_layers) > layers_.max_size())
+      detail::raise(argument_error("alibi::causal_lm: family.num_layers (" +
+                                   detail::str(family_.num_layers) +
+                                   ") is more than a vector holds"));
     layers_.reserve(static_cast<std::size_t>(family_.num_layers));
     for (index_t i = 0; i < family_.num_layers; ++i) layers_.emplace_back(family_.layer, backend);
     embedding_.assign(static_cast<std::size_t>(vocab * E), T(0));
@@ -207,7 +211,26 @@ class causal_lm {
  private:
   template <class File>
   static index_t embedding_rows(const File& file, const model_family& family) {
-    const std::string name = family_root(file, family) + family.embedding + ".weight";
+    const std::string root = family_root(file, family);
+    // The checkpoint's layers are exactly family.num_layers: a config with fewer would load a
+    // truncated model without a word (and a huge count would be allocated before a layer is
+    // read).
+    if (family.num_layers > 0) {
+      const std::string last = detail::layer_probe(family, family.num_layers - 1, root);
+      const std::string next = detail::layer_probe(family, family.num_layers, root);
+      const std::string count = detail::str(family.num_layers);
+      if (!file.contains(last))
+        detail::raise(io_error("alibi::causal_lm: the family has num_layers = " + count + " but " +
+                               file.origin() + " has no '" + last + "'"));
+      if (file.contains(next))
+        detail::raise(io_error("alibi::causal_lm: " + file.origin() +
+                               " holds more layers than "
+                               "the family's num_layers = " +
+                               count + " (it has '" + next +
+                               "'); the config's layer count (n_layer, n_layers or "
+                               "num_hidden_layers) must be the checkpoint's"));
+    }
+    const std::string name = root + family.embedding + ".weight";
     if (!file.contains(name))
       detail::raise(
           argument_error("alibi::causal_lm: the checkpoint has no token embedding '" + name + "'"));

@@ -91,10 +91,15 @@ inline std::array<std::vector<float>, 3> split_qkv(qkv_packing packing,
 /// The first root under which `file` holds layer 0's first projection of `family`: the
 /// family's own root, then "", "transformer.", "model.", "base_model.model." + the family's
 /// root and "base_model.model." (PEFT).
+/// The tensor whose presence marks layer i of `family` under `root`: its first projection.
+inline std::string layer_probe(const model_family& family, index_t i, const std::string& root) {
+  const checkpoint_names& n = family.names;
+  return family.layer_prefix(i, root) + (n.packing == qkv_packing::separate ? n.q : n.qkv) +
+         ".weight";
+}
+
 template <class File>
 std::string family_root(const File& file, const model_family& family, const char* fn) {
-  const checkpoint_names& n = family.names;
-  const std::string probe = (n.packing == qkv_packing::separate ? n.q : n.qkv) + ".weight";
   // The published root, none, the common ones, and those under a fine-tuning tool's
   // "base_model.model." (PEFT).
   std::vector<std::string> roots = {
@@ -102,8 +107,9 @@ std::string family_root(const File& file, const model_family& family, const char
       "base_model.model."};
   std::string tried;
   for (const std::string& r : roots) {
-    if (file.contains(family.layer_prefix(0, r) + probe)) return r;
-    tried += (tried.empty() ? "'" : ", '") + family.layer_prefix(0, r) + probe + "'";
+    const std::string probe = layer_probe(family, 0, r);
+    if (file.contains(probe)) return r;
+    tried += (tried.empty() ? "'" : ", '") + probe + "'";
   }
   detail::raise(io_error(std::string(fn) + ": " + file.origin() + " holds no " + family.name +
                          " layer: none of " + tried + " is in it"));
@@ -146,8 +152,15 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
   // layer's times `ranks` along the cut.
   enum class cut { none, rows, cols };
   auto full_shape = [&](std::vector<index_t> shape, cut how) {
-    if (how == cut::rows) shape[0] *= P;
-    if (how == cut::cols) shape[1] *= P;
+    const std::size_t d = how == cut::rows ? 0 : 1;
+    if (how != cut::none) {
+      const index_t whole = detail::checked_product({shape[d], P});
+      if (whole < 0)
+        detail::raise(argument_error(f + ": the slice's ranks (" + str(P) +
+                                     ") times the layer's extent " + str(shape[d]) +
+                                     " do not fit in a 64-bit index"));
+      shape[d] = whole;
+    }
     return shape;
   };
   // The tensor `name` of the checkpoint, which must have `shape`.
@@ -207,7 +220,11 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
     direct(n.v, attn + "v_proj", cut::rows);
   } else {
     const index_t hd = a.head_dim, nq = a.q_heads * hd, nkv = a.kv_heads * hd;
-    const index_t packed = (nq + 2 * nkv) * P;
+    const index_t packed = detail::checked_product({nq + 2 * nkv, P});
+    if (packed < 0)
+      detail::raise(argument_error(f + ": the slice's ranks (" + str(P) +
+                                   ") times the layer's q/k/v rows " + str(nq + 2 * nkv) +
+                                   " do not fit in a 64-bit index"));
     const char* targets[3] = {"q_proj", "k_proj", "v_proj"};
     for (const char* suffix : {".weight", ".bias"}) {
       if (!wanted.count(attn + "q_proj" + suffix)) continue;
@@ -377,8 +394,25 @@ inline model_family from_config(const std::string& config_json) {
       if (attn_type == "multiquery_attention") kv = 1;
       if (attn_type == "grouped_query_attention")
         kv = detail::config_reader{attn, type}.integer({"kv_n_heads"});
+      if (attn_type != "multihead_attention" && attn_type != "multiquery_attention" &&
+          attn_type != "grouped_query_attention")
+        r.fail("attn_config.attn_type is \"" + attn_type +
+               "\"; expected multihead_attention, multiquery_attention or "
+               "grouped_query_attention");
       // Options of MPT's layer that families::mpt does not have are refused, not ignored.
+      auto is_set = [](const nlohmann::json& o, const char* key) {
+        return o.is_object() && o.contains(key) && !o.at(key).is_null();
+      };
       if (r.flag(attn, "qk_ln", false)) r.fail("attn_config.qk_ln is true (not supported)");
+      if (r.flag(attn, "qk_gn", false)) r.fail("attn_config.qk_gn is true (not supported)");
+      if (r.flag(attn, "rope", false))
+        r.fail("attn_config.rope is true: rotary position embeddings (not supported)");
+      if (is_set(attn, "attn_logit_softcapping"))
+        r.fail("attn_config.attn_logit_softcapping is set (not supported)");
+      if (is_set(attn, "sliding_window_size") &&
+          !(attn.at("sliding_window_size").is_number_integer() &&
+            attn.at("sliding_window_size").get<index_t>() == -1))
+        r.fail("attn_config.sliding_window_size is set (only -1, no window, is supported)");
       if (attn.is_object() && attn.contains("clip_qkv") && !attn.at("clip_qkv").is_null())
         r.fail("attn_config.clip_qkv is set (not supported)");
       if (r.flag(attn, "prefix_lm", false))
@@ -389,10 +423,26 @@ inline model_family from_config(const std::string& config_json) {
       const nlohmann::json& ffn = j.contains("ffn_config") ? j.at("ffn_config") : no_ffn;
       if (r.text(ffn, "ffn_type", "mptmlp") != "mptmlp")
         r.fail("ffn_config.ffn_type is not \"mptmlp\" (not supported)");
+      // MPT's default activation is the exact GELU, which families::mpt uses.
+      if (is_set(ffn, "ffn_act_fn")) {
+        const nlohmann::json& act = ffn.at("ffn_act_fn");
+        const detail::config_reader ar{act, type};
+        if (!act.is_object() || ar.text(act, "name", "") != "gelu" ||
+            ar.text(act, "approximate", "none") != "none")
+          r.fail("ffn_config.ffn_act_fn is not the exact GELU (not supported)");
+      }
       if (r.text(j, "norm_type", "low_precision_layernorm").find("layernorm") == std::string::npos)
         r.fail("norm_type is not a LayerNorm (not supported)");
-      model_family f = mpt(r.integer({"d_model"}), r.integer({"n_heads"}), r.integer({"n_layers"}),
-                           j.contains("expansion_ratio") ? r.integer({"expansion_ratio"}) : 4, kv,
+      const index_t d_model = r.integer({"d_model"});
+      const index_t ratio = j.contains("expansion_ratio") ? r.integer({"expansion_ratio"}) : 4;
+      if (is_set(ffn, "ffn_hidden_size")) {
+        const index_t hidden = detail::config_reader{ffn, type}.integer({"ffn_hidden_size"});
+        if (hidden != detail::checked_product({ratio, d_model}))
+          r.fail("ffn_config.ffn_hidden_size (" + detail::str(hidden) +
+                 ") is not expansion_ratio * d_model (" + detail::str(ratio) + " * " +
+                 detail::str(d_model) + "; not supported)");
+      }
+      model_family f = mpt(d_model, r.integer({"n_heads"}), r.integer({"n_layers"}), ratio, kv,
                            r.flag(j, "no_bias", false), r.real(attn, "alibi_bias_max", 8.0f));
       const float scale = r.real(attn, "softmax_scale", 0.0f);
       if (scale != 0.0f) f.layer.attention.scale = scale;
