@@ -60,6 +60,7 @@ void check_key_norm_bounds_args(const std::string& f, const tensor_view<const T,
   const index_t B = k.extents[0], H = k.extents[1], L = k.extents[2], D = k.extents[3];
   const index_t blocks = (L + key_norm_block - 1) / key_norm_block;
   if (B < 0 || H < 0 || L < 0 || D < 0) raise(argument_error(f + ": k has a negative extent"));
+  check_view(f.c_str(), "k", k).throw_if_failed();
   if (D > 1 && k.strides[3] != 1)
     raise(argument_error(f + ": k.stride(3) (head_dim) must be 1 (contiguous), got " +
                          str(k.strides[3])));
@@ -68,6 +69,9 @@ void check_key_norm_bounds_args(const std::string& f, const tensor_view<const T,
         f + ": bounds must have shape (batch, kv_heads, ceil(k_len / key_norm_block)) = (" +
         str(B) + ", " + str(H) + ", " + str(blocks) + "), got (" + str(bounds.extents[0]) + ", " +
         str(bounds.extents[1]) + ", " + str(bounds.extents[2]) + ")"));
+  check_view(f.c_str(), "bounds", bounds).throw_if_failed();
+  check_no_overlap(f.c_str(), "bounds", bounds).throw_if_failed();
+  check_disjoint(f.c_str(), "bounds", bounds, "k", k).throw_if_failed();
   if (first_key < 0 || first_key > L)
     raise(argument_error(f + ": first_key must be in [0, k_len = " + str(L) + "], got " +
                          str(first_key)));

@@ -167,3 +167,24 @@ TEST_CASE("to_eigen_bshd maps (batch, seq, heads, dim) outputs", "[eigen][intero
                                     "heads, head_dim) memory as view_bshd makes it; the heads "
                                     "stride is 20, expected 4"));
 }
+
+TEST_CASE("to_eigen and to_eigen_bshd refuse views that are not memory", "[eigen][interop]") {
+  std::vector<float> x(8);
+  auto view2 = [&](index_t a, index_t b, index_t sa, index_t sb, float* data) {
+    return alibi::make_strided_view<float, 2>(data, {a, b}, {sa, sb});
+  };
+  CHECK_THROWS_WITH(alibi::to_eigen(view2(-3, 4, 4, 1, x.data())),
+                    Catch::Contains("alibi::to_eigen: v.extent(0) must be >= 0, got -3"));
+  CHECK_THROWS_WITH(alibi::to_eigen(view2(2, 2, 2, 1, nullptr)),
+                    Catch::Contains("v.data is null but v has 4 elements"));
+  // 2^64 elements: the running stride product once wrapped to 0 and the view passed as dense.
+  CHECK_THROWS_WITH(
+      alibi::to_eigen(alibi::make_strided_view<float, 3>(
+          x.data(), {2, index_t{1} << 32, index_t{1} << 32}, {0, index_t{1} << 32, 1})),
+      Catch::Contains("element count"));
+  CHECK_THROWS_WITH(
+      alibi::to_eigen_bshd(alibi::make_strided_view<float, 4>(nullptr, {1, 2, 1, 4}, {8, 4, 8, 1})),
+      Catch::Contains("alibi::to_eigen_bshd") && Catch::Contains("null"));
+  // An empty view maps nothing, whatever its strides.
+  CHECK(alibi::to_eigen(view2(0, 4, 7, 3, x.data())).size() == 0);
+}

@@ -349,6 +349,31 @@ TEST_CASE("an output must not share memory with another argument", "[validation]
   }
 }
 
+TEST_CASE("key_norm_bounds and make_view check what they are given", "[validation]") {
+  // key_norm_bounds once read through offsets that wrap (a crash, or wrong bounds); its
+  // bounds may not overlap themselves or k.
+  std::vector<float> k(8, 1.0f), bounds(2);
+  const index_t huge = (index_t{1} << 62) + 1000;
+  const auto bad_k =
+      alibi::make_strided_view<const float, 4>(k.data(), {1, 2, 2, 1}, {0, huge, huge, 1});
+  REQUIRE_THROWS_WITH(alibi::key_norm_bounds(bad_k, alibi::make_view(bounds.data(), 1, 2, 1)),
+                      Contains("alibi::key_norm_bounds: k's extents and strides reach past"));
+  const auto good_k = alibi::make_view<const float>(k.data(), 1, 2, 2, 2);
+  REQUIRE_THROWS_WITH(alibi::key_norm_bounds(good_k, alibi::make_strided_view<float, 3>(
+                                                         bounds.data(), {1, 2, 1}, {2, 0, 1})),
+                      Contains("bounds's elements must not overlap"));
+  REQUIRE_THROWS_WITH(
+      alibi::key_norm_bounds(good_k, alibi::make_view(const_cast<float*>(k.data()), 1, 2, 1)),
+      Contains("bounds and k share memory"));
+  REQUIRE_NOTHROW(alibi::key_norm_bounds(good_k, alibi::make_view(bounds.data(), 1, 2, 1)));
+  REQUIRE(bounds[0] >= std::sqrt(2.0f));
+  // make_view of more elements than int64 holds: no signed overflow (UBSan), and the front
+  // end names the element count.
+  fixture f;
+  f.q = alibi::make_view(f.qb.data(), index_t{1} << 40, index_t{1} << 40, 1, 1);
+  REQUIRE_THAT(message_of(alibi::backend::reference{}, f), Contains("q's element count"));
+}
+
 TEST_CASE("views_share_bytes agrees with enumerating both views' bytes", "[validation]") {
   // Random strided layouts in one buffer (negative, zero and interleaving strides), float
   // against float and against 2-byte elements: the test is exact, not a span test.

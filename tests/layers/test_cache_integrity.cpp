@@ -174,6 +174,32 @@ TEST_CASE("paged_kv_cache: a batch's pages count one copy per holder that needs 
   REQUIRE(before - cache.free_pages() == 2);
 }
 
+TEST_CASE("paged_kv_cache: int8 rows at float's top read back finite", "[layers][cache]") {
+  // max|x| / 127 rounds up at FLT_MAX, and 127 times it was inf.
+  std::vector<std::int8_t> q(3, 0);
+  constexpr float top = std::numeric_limits<float>::max();
+  const float row[] = {top, -top, 1.0f};
+  const float s = alibi::paged_kv_cache<std::int8_t>::quantize_int8(row, 1, 3, q.data());
+  for (int e = 0; e < 3; ++e) {
+    const float back = static_cast<float>(q[static_cast<std::size_t>(e)]) * s;
+    REQUIRE(std::isfinite(back));
+    REQUIRE(std::fabs(back - row[e]) <= top / 254.0f * 1.01f);
+  }
+}
+
+TEST_CASE("paged_kv_cache: append refuses K/V views that are not memory", "[layers][cache]") {
+  alibi::paged_kv_cache<float> cache(4, 4, 1, 2, 1, 2);
+  cache.add_sequence();
+  std::vector<float> k(6), v(6);
+  // Token t at t * 2^62: the third token's offset, 2^63, does not fit.
+  const index_t huge = index_t{1} << 62;
+  const auto kv = alibi::make_strided_view<const float, 3>(k.data(), {3, 1, 2}, {huge, 2, 1});
+  REQUIRE_THROWS_WITH(cache.append(0, kv, alibi::make_view<const float>(v.data(), 3, 1, 2)),
+                      Catch::Contains("alibi::paged_kv_cache::append: k's extents and strides "
+                                      "reach past a 64-bit element offset"));
+  REQUIRE(cache.length(0) == 0);
+}
+
 TEST_CASE("paged_kv_cache: int8 rows too small for a scale read back as zeros", "[layers][cache]") {
   std::vector<std::int8_t> q(4, 5);
   // max|x| / 127 rounds to 0 below about 8.9e-44.

@@ -106,11 +106,13 @@ constexpr tensor_view<T, static_cast<int>(sizeof...(E))> make_view(T* data, E...
   tensor_view<T, rank> v;
   v.data = data;
   const index_t ext[] = {static_cast<index_t>(extents)...};
+  // Too many elements for int64 saturate the strides, which the front end then refuses
+  // (rather than wrapping: signed overflow is undefined).
   index_t s = 1;
   for (int d = rank - 1; d >= 0; --d) {
     v.extents[d] = ext[d];
     v.strides[d] = s;
-    s *= ext[d];
+    if (d > 0 && __builtin_mul_overflow(s, ext[d], &s)) s = INT64_MAX;
   }
   return v;
 }

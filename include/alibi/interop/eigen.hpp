@@ -13,6 +13,7 @@
 
 #include "alibi/bias_matrix.hpp"
 #include "alibi/core/tensor_view.hpp"
+#include "alibi/core/view_checks.hpp"
 
 namespace alibi {
 
@@ -44,6 +45,10 @@ constexpr bool eigen_row_major() {
 /// `who` names the function in the message.
 template <class T, int R>
 void check_dense(const tensor_view<T, R>& v, bool row_major, const char* who) {
+  // Extents >= 0, an element count and offsets in int64, data when not empty; an empty view
+  // maps nothing, whatever its strides.
+  check_view(who, "v", v).throw_if_failed();
+  if (element_count(v) == 0) return;
   index_t s = 1;
   for (int i = 0; i < R; ++i) {
     const int d = row_major ? R - 1 - i : i;
@@ -130,9 +135,10 @@ eigen_map_t<T, 4> to_eigen_bshd(tensor_view<T, 4> v) {
   const tensor_view<T, 4> m = make_strided_view<T, 4>(
       v.data, {v.extents[0], v.extents[2], v.extents[1], v.extents[3]},
       {v.strides[0], v.strides[2], v.strides[1], v.strides[3]});  // (batch, seq, heads, dim)
+  detail::check_view("alibi::to_eigen_bshd", "v (as batch, seq, heads, dim)", m).throw_if_failed();
   index_t s = 1;
   const char* names[4] = {"batch", "seq", "heads", "head_dim"};
-  for (int d = 3; d >= 0; --d) {
+  for (int d = 3; d >= 0 && detail::element_count(m) > 0; --d) {
     if (m.extents[d] > 1 && m.strides[d] != s)
       detail::raise(
           argument_error("alibi::to_eigen_bshd: the view must cover dense (batch, seq, heads, "

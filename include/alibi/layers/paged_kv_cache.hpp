@@ -15,6 +15,7 @@
 #include "alibi/core/error.hpp"
 #include "alibi/core/paged_kv.hpp"
 #include "alibi/core/tensor_view.hpp"
+#include "alibi/core/view_checks.hpp"
 #include "alibi/layers/open_transactions.hpp"
 #include "alibi/numerics/far_tiles.hpp"
 
@@ -173,6 +174,8 @@ class paged_kv_cache {
     if (n == 0) return;
     if (k.data == nullptr || v.data == nullptr)
       detail::raise(argument_error(f + ": k.data and v.data must not be null"));
+    detail::check_view(f.c_str(), "k", k).throw_if_failed();
+    detail::check_view(f.c_str(), "v", v).throw_if_failed();
     const index_t len = lens_[static_cast<std::size_t>(seq)];
     const index_t room = max_pages_ * page_size_;
     if (n > room - len)
@@ -482,7 +485,10 @@ class paged_kv_cache {
     // A row of zeros, or one so small (max|x| below about 8.9e-44, 63.5 times the smallest
     // subnormal) that its scale rounds to 0, is stored as zeros with scale 0: within max|x|
     // of x, and no division by a zero scale.
-    const float scale = amax / 127.0f;
+    float scale = amax / 127.0f;
+    // Rounded up near float's top, 127 * scale would read back as inf: one step down keeps
+    // every stored row finite (the clamp to 127 below absorbs the step).
+    if (!std::isfinite(127.0f * scale)) scale = std::nextafter(scale, 0.0f);
     if (scale == 0.0f) {
       std::fill_n(dst, n, T{});
       return 0.0f;
