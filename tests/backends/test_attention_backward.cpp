@@ -992,3 +992,53 @@ TEST_CASE("backward: d(slopes) of rows with one far key is zero", "[backward][ei
   far_query_gradients(alibi::backend::eigen{2}, 1, slopes, 512, 1, dq, dk, dv, ds);
   CHECK(ds[0] == 0.0f);
 }
+
+TEST_CASE("negative slopes: rows dominated by their farthest keys keep fp32 precision",
+          "[backward][eigen]") {
+  // A negative slope makes the bias grow with distance: the farthest keys hold each row's
+  // maximum, about |slope| x k_len above the nearest. Shifted by the nearest key, those
+  // scores (~1500 here) kept 2^-13 of absolute precision and the output was off by up to
+  // 3e-4; shifted by the farthest key they are small again.
+  const index_t Lq = 4, Lk = 3000, D = 64;
+  const std::vector<float> slopes = {-0.5f, -0.25f};
+  const index_t H = static_cast<index_t>(slopes.size());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> randn;
+  std::vector<float> q(static_cast<std::size_t>(H * Lq * D)),
+      k(static_cast<std::size_t>(H * Lk * D));
+  std::vector<float> v(k.size()), out(q.size());
+  std::vector<double> ref(q.size());
+  for (auto* x : {&q, &k, &v})
+    for (float& e : *x) e = randn(rng);
+  alibi::attention_params p;
+  p.slopes.values = alibi::make_view(slopes.data(), 1, H);
+  const auto qv = alibi::make_view<const float>(q.data(), 1, H, Lq, D);
+  const auto kv = alibi::make_view<const float>(k.data(), 1, H, Lk, D);
+  const auto vv = alibi::make_view<const float>(v.data(), 1, H, Lk, D);
+  alibi::attention(alibi::backend::eigen{2}, qv, kv, vv, alibi::make_view(out.data(), 1, H, Lq, D),
+                   p);
+  alibi::attention(alibi::backend::reference{}, qv, kv, vv,
+                   alibi::make_view(ref.data(), 1, H, Lq, D), p);
+  double err = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) err = std::max(err, std::abs(out[i] - ref[i]));
+  CHECK(err < 5e-6);
+
+  // The backward, queries after all their keys: the same rows from the gradients' side.
+  std::vector<float> dq, dk, dv, ds, ds_ref;
+  std::vector<double> rq, rk, rv;
+  far_query_gradients(alibi::backend::eigen{2}, Lk - 8, slopes, 8, Lk, dq, dk, dv, ds);
+  far_query_gradients(alibi::backend::reference{}, Lk - 8, slopes, 8, Lk, rq, rk, rv, ds_ref);
+  auto max_err = [](const std::vector<float>& got, const std::vector<double>& want) {
+    double e = 0, scale = 1;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      e = std::max(e, std::abs(got[i] - want[i]));
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    return e / scale;
+  };
+  CHECK(max_err(dq, rq) < 1e-5);
+  CHECK(max_err(dk, rk) < 1e-5);
+  CHECK(max_err(dv, rv) < 1e-5);
+  for (std::size_t h = 0; h < slopes.size(); ++h)
+    CHECK(std::abs(ds[h] - ds_ref[h]) < 1e-5 * std::max(1.0f, std::abs(ds_ref[h])));
+}

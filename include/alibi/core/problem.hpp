@@ -156,11 +156,17 @@ struct attention_problem {
   /// nearest key the positional masks allow. Why: when every key is far from the query
   /// (q_len >> k_len, explicit offsets), unshifted fp32 scores near the row maximum are
   /// large (e.g. -0.25 * 766) and lose their low bits (ulp 1.5e-5); shifted, the scores
-  /// that matter are small and keep them.
-  ALIBI_HOST_DEVICE index_t distance_shift(index_t b, index_t i) const {
+  /// that matter are small and keep them. `farthest` (a head with a negative slope, whose
+  /// bias grows with distance, so that the farthest keys hold the row maximum) gives the
+  /// distance to the farthest allowed key instead, for the same reason.
+  ALIBI_HOST_DEVICE index_t distance_shift(index_t b, index_t i, bool farthest = false) const {
     const index_range r = key_range(b, i);
     if (r.empty()) return 0;
     const index_t qp = q_offset(b) + i, lo = k_offset(b) + r.begin, hi = k_offset(b) + r.end - 1;
+    if (farthest) {
+      const index_t to_lo = qp > lo ? qp - lo : lo - qp, to_hi = qp > hi ? qp - hi : hi - qp;
+      return to_lo > to_hi ? to_lo : to_hi;
+    }
     return qp < lo ? lo - qp : qp > hi ? qp - hi : 0;
   }
   ALIBI_HOST_DEVICE bool key_excluded(index_t b, index_t j) const {

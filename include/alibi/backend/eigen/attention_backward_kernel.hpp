@@ -557,14 +557,21 @@ inline void run_backward(int threads, const attention_problem& p,
   // it is off by that factor for the whole row: for such calls the forward is run again to
   // get each row's base-2 logsumexp in the shifted frame. Causal self-attention has shift 0.
   thread_local aligned_buffer<float> lse2_buf, out_buf;
+  // (A head with a negative slope is shifted by its farthest key, so its rows count as far
+  // rows at once in a long call.)
   bool far_rows = false;
   for (index_t b = 0; b < B && !far_rows; ++b) {
-    double steepest = 0.0;  // the batch entry's largest |slope|
-    for (index_t h = 0; h < Hq; ++h)
-      steepest = std::max(steepest, std::fabs(static_cast<double>(p.slope(b, h))));
+    double steepest = 0.0, steepest_negative = 0.0;  // the batch entry's largest |slope|s
+    for (index_t h = 0; h < Hq; ++h) {
+      const double s = static_cast<double>(p.slope(b, h));
+      steepest = std::max(steepest, std::fabs(s));
+      if (s < 0.0) steepest_negative = std::max(steepest_negative, -s);
+    }
     for (index_t i = 0; i < p.len_q(b) && !far_rows; ++i)
       far_rows =
-          steepest * static_cast<double>(p.distance_shift(b, i)) > backward_config::max_lse_bias;
+          steepest * static_cast<double>(p.distance_shift(b, i)) > backward_config::max_lse_bias ||
+          steepest_negative * static_cast<double>(p.distance_shift(b, i, true)) >
+              backward_config::max_lse_bias;
   }
   if (far_rows) {
     lse2_buf.reserve(static_cast<std::size_t>(rows));

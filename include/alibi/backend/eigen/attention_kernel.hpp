@@ -609,10 +609,10 @@ inline void merge_splits(const attention_problem& p, const tensor_view<float, 4>
     }
     if (total.l > 0.0f || total.l != total.l) orow /= total.l;
     if (p.lse.data)
-      p.lse(b, h, i0 + r) =
-          p.lse_shifted_base2
-              ? total.lse2()
-              : total.lse(-p.slope(b, h) * static_cast<float>(p.distance_shift(b, i0 + r)));
+      p.lse(b, h, i0 + r) = p.lse_shifted_base2
+                                ? total.lse2()
+                                : total.lse(-p.slope(b, h) * static_cast<float>(p.distance_shift(
+                                                                 b, i0 + r, p.slope(b, h) < 0.0f)));
   }
 }
 

@@ -83,7 +83,7 @@ inline item_rows prepare_rows(const attention_problem& p, index_t b, index_t h, 
     // the valid rows of every key column contiguous.
     ws.begin[r] = std::clamp(kr.begin, kb, ke);
     ws.end[r] = std::clamp(kr.end, ws.begin[r], ke);
-    ws.shift[r] = p.distance_shift(b, i0 + r);
+    ws.shift[r] = p.distance_shift(b, i0 + r, it.slope < 0.0f);
     ws.shift_f[r] = static_cast<float>(ws.shift[r]);
     ws.state[r] = softmax_state{};
     if (ws.begin[r] < ws.end[r]) {
