@@ -36,6 +36,7 @@ struct ragged_spec {
   bool caller_slopes = false;
   bool shared_prefix = false;  // sequences 0-2 share their first pages (same tokens)
   float max_bias = 8.0f;
+  float slope_scale = 1.0f;  // slopes.scale: negative for slopes that grow the bias
   float q_amp = 1.0f;
   unsigned seed = 1;
 };
@@ -196,6 +197,7 @@ struct ragged_case {
     p.mask.causal = spec.causal;
     p.mask.window_left = spec.window_left;
     p.slopes.max_bias = spec.max_bias;
+    p.slopes.scale = spec.slope_scale;
     if (spec.caller_slopes)
       p.slopes.values = alibi::make_view<const float>(slopes.data(), S, spec.q_heads);
     p.skip_far_tiles = skip;
@@ -406,6 +408,20 @@ TEST_CASE("ragged: windows, caller slopes, not causal, shared prefix pages", "[r
   REQUIRE(c.table[0] == c.table[static_cast<std::size_t>(c.max_pages)]);
   REQUIRE(c.table[0] == c.table[static_cast<std::size_t>(2 * c.max_pages)]);
   require_close(c, true, 2);
+}
+
+TEST_CASE("ragged: negative slopes keep fp32 precision over long contexts", "[ragged]") {
+  // The farthest keys hold each row's maximum, |slope| x context above the nearest: measured
+  // from the nearest key those scores lost their low bits (the tolerance's naive fp32 oracle
+  // does too, so this bound is absolute).
+  ragged_spec sp;
+  sp.seqs = {{4, 3000}, {1, 2000}, {3, 2600}};
+  sp.slope_scale = -1.0f;
+  const ragged_case<float> c(sp);
+  const ragged_result r = check_ragged(c, c.contiguous(), false, 2);
+  CHECK(r.nans == 0);
+  CHECK(r.lse_bad == 0);
+  CHECK(r.max_err < 5e-6);
 }
 
 TEST_CASE("ragged: long contexts skip far pages within the bound", "[ragged]") {
