@@ -116,31 +116,40 @@ inline bool host_only_pointer(const void* ptr) {
   return attr.type == cudaMemoryTypeUnregistered;
 }
 
-/// Refuses tensors and per-batch views in host memory that the kernels would fault on.
-template <class TQ, class TKV, class TO, class Isa>
-status check_device_pointers(const std::string& f, const attention_problem& p,
-                             const detail::attention_tensors<TQ, TKV, TO, Isa>& t) {
-  const struct {
-    const char* name;
-    const void* ptr;
-  } views[] = {{"q", t.q.data},
-               {"k", t.k.data},
-               {"v", t.v.data},
-               {"out", t.out.data},
-               {"params.q_lengths", p.q_lengths.data},
-               {"params.k_lengths", p.k_lengths.data},
-               {"params.q_offsets", p.q_offsets.data},
-               {"params.k_offsets", p.k_offsets.data},
-               {"params.key_mask", p.key_mask.data},
-               {"params.logsumexp", p.lse.data},
-               {"params.slopes.values", p.slopes.values.data},
-               {"params.key_norm_bounds", p.key_norm_bounds.data}};
-  for (const auto& v : views)
+/// A pointer a CUDA call reads or writes, with the argument's name.
+struct named_pointer {
+  const char* name;
+  const void* ptr;
+};
+
+/// Refuses the first of `views` in pageable host memory, which the kernels would fault on.
+template <std::size_t N>
+status check_device_pointers(const std::string& f, const named_pointer (&views)[N]) {
+  for (const named_pointer& v : views)
     if (host_only_pointer(v.ptr))
       return status::failure(f + ": " + v.name +
                              ".data points to host memory; the CUDA backend reads device "
                              "memory (cudaMalloc, cudaMallocManaged or pinned host memory)");
   return {};
+}
+
+/// Refuses tensors and per-batch views in host memory that the kernels would fault on.
+template <class TQ, class TKV, class TO, class Isa>
+status check_device_pointers(const std::string& f, const attention_problem& p,
+                             const detail::attention_tensors<TQ, TKV, TO, Isa>& t) {
+  const named_pointer views[] = {{"q", t.q.data},
+                                 {"k", t.k.data},
+                                 {"v", t.v.data},
+                                 {"out", t.out.data},
+                                 {"params.q_lengths", p.q_lengths.data},
+                                 {"params.k_lengths", p.k_lengths.data},
+                                 {"params.q_offsets", p.q_offsets.data},
+                                 {"params.k_offsets", p.k_offsets.data},
+                                 {"params.key_mask", p.key_mask.data},
+                                 {"params.logsumexp", p.lse.data},
+                                 {"params.slopes.values", p.slopes.values.data},
+                                 {"params.key_norm_bounds", p.key_norm_bounds.data}};
+  return check_device_pointers(f, views);
 }
 
 /// The kernel partition of a problem: row tiles, and the key chunks of the split-KV path.
@@ -494,16 +503,10 @@ struct attention_impl<backend::cuda> {
 
   template <class T>
   static void merge(const backend::cuda& be, const partial_merge_args<T>& a) {
-    const struct {
-      const char* name;
-      const void* ptr;
-    } views[] = {{"out_a", a.out_a.data}, {"lse_a", a.lse_a.data}, {"out_b", a.out_b.data},
-                 {"lse_b", a.lse_b.data}, {"out", a.out.data},     {"lse", a.lse.data}};
-    for (const auto& v : views)
-      if (cuda_detail::host_only_pointer(v.ptr))
-        raise(argument_error(std::string("alibi::merge_partials (cuda): ") + v.name +
-                             ".data points to host memory; the CUDA backend reads device "
-                             "memory (cudaMalloc, cudaMallocManaged or pinned host memory)"));
+    const cuda_detail::named_pointer views[] = {{"out_a", a.out_a.data}, {"lse_a", a.lse_a.data},
+                                                {"out_b", a.out_b.data}, {"lse_b", a.lse_b.data},
+                                                {"out", a.out.data},     {"lse", a.lse.data}};
+    cuda_detail::check_device_pointers("alibi::merge_partials (cuda)", views).throw_if_failed();
     cuda_detail::launch_partial_merge(a, be.stream);
   }
 };
