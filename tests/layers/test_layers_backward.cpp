@@ -694,6 +694,12 @@ TEST_CASE("layers backward: refused calls name the problem", "[layers-backward]"
   alibi::parameter_gradients<float> mg;
   REQUIRE_THROWS_WITH(m.backward(cview(x, B, L, E), ms, mview(dx, B, L, E), mg),
                       Contains("cross-attention forward_train"));
+  // A tensor-parallel shard's forward-only setting has no training path.
+  alibi::multi_head_attention<float, cpu> shard(lc.attention);
+  shard.set_output_bias(false);
+  decltype(m)::activations ss;
+  REQUIRE_THROWS_WITH(shard.forward_train(cview(x, B, L, E), mview(out, B, L, E), ss),
+                      Contains("the output bias is off"));
   // dx may be dy.
   std::vector<float> dy = x, dx2(x.size());
   layer.backward(cview(dy, B, L, E), saved, mview(dx2, B, L, E), g);

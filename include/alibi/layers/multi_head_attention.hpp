@@ -650,6 +650,10 @@ void multi_head_attention<T, Backend>::record(activations& saved, const forward_
                                               const char* fn) const {
   using detail::str;
   const std::string f = fn;
+  if (!out_bias_)
+    detail::raise(argument_error(f + ": the output bias is off (set_output_bias(false), a "
+                                     "tensor-parallel shard's forward-only setting); training "
+                                     "needs it on"));
   saved.owner_ = nullptr;  // not usable until the forward has succeeded
   saved.self_ = self;
   saved.batch_ = B;

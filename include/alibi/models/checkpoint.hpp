@@ -4,9 +4,12 @@
 #pragma once
 
 #include <array>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -287,6 +290,10 @@ struct config_reader {
     const nlohmann::json* v = find(j, keys, names);
     if (v == nullptr) fail(names + " is missing");
     if (!v->is_number_integer()) fail(names + " must be an integer");
+    // JSON integers above int64's range are read as unsigned: get<index_t> would wrap.
+    if (v->is_number_unsigned() &&
+        v->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<index_t>::max()))
+      fail(names + " must be below 2^63, got " + std::to_string(v->get<std::uint64_t>()));
     return v->get<index_t>();
   }
   float real(const nlohmann::json& o, const char* key, float fallback) const {
@@ -294,7 +301,13 @@ struct config_reader {
     const nlohmann::json* v = find(o, {key}, names);
     if (v == nullptr) return fallback;
     if (!v->is_number()) fail(names + " must be a number");
-    return v->get<float>();
+    // As a float the value must stay what it says: not inf (beyond 3.4e38), not 0 from a
+    // nonzero value (below 1.4e-45).
+    const double x = v->get<double>();
+    if (!(std::fabs(x) <= static_cast<double>(std::numeric_limits<float>::max())) ||
+        (x != 0.0 && static_cast<float>(x) == 0.0f))
+      fail(names + " (" + v->dump() + ") is outside float's range");
+    return static_cast<float>(x);
   }
   bool flag(const nlohmann::json& o, const char* key, bool fallback) const {
     std::string names;
