@@ -704,7 +704,7 @@ TEST_CASE("families: config.json files give the presets", "[layers][families]") 
     // Numbers a float or an int64 cannot hold are refused naming the field, not wrapped.
     refuses(R"({"model_type": "bloom", "hidden_size": 18446744073709551552, "n_head": 4,
         "n_layer": 2})",
-            "'hidden_size' or 'n_embed' must be below 2^63, got 18446744073709551552");
+            "'hidden_size' must be below 2^63, got 18446744073709551552");
     refuses(R"({"model_type": "bloom", "hidden_size": 64, "n_head": 4, "n_layer": 2,
         "layer_norm_epsilon": 1e39})",
             "'layer_norm_epsilon' (1e+39) is outside float's range");

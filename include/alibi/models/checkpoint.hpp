@@ -277,7 +277,10 @@ struct config_reader {
                              std::string& names) const {
     for (const char* k : keys) {
       names += (names.empty() ? "'" : "' or '") + std::string(k);
-      if (o.is_object() && o.contains(k) && !o.at(k).is_null()) return &o.at(k);
+      if (o.is_object() && o.contains(k) && !o.at(k).is_null()) {
+        names += "'";
+        return &o.at(k);
+      }
     }
     names += "'";
     return nullptr;
