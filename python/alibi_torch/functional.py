@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
 """The functional interface: ``attention`` (with autograd), ``get_slopes`` and ``build_alibi_tensor``."""
+import re
 from typing import Optional, Tuple, Union
 
 import torch
@@ -70,6 +71,19 @@ class _AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dslopes, None
 
 
+def _caller_names(message: str, lengths_given: bool, blhd: bool) -> str:
+    """alibi's message in the caller's terms: ``lengths`` where the caller gave it (alibi saw
+    q_lengths and k_lengths), and with ``layout="blhd"`` a note that alibi quotes dimensions in
+    (batch, heads, len, dim) order."""
+    if lengths_given:
+        message = re.sub(r"\b[qk]_lengths\b", "lengths", message)
+    if blhd and re.search(r"\b(q|k|v|out)\.extent\(|\bdimensions? [0-9]", message):
+        message += (" (alibi numbers the dimensions of q, k, v and out as (batch, heads, len, dim); "
+                    "with layout='blhd' they are your tensors' (batch, len, heads, dim) with 1 and 2 "
+                    "swapped)")
+    return message
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
               slopes: Optional[torch.Tensor] = None, max_bias: float = 8.0, alibi: bool = True,
               scale: Optional[float] = None, window: Union[None, int, Tuple[int, int]] = None,
@@ -131,13 +145,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
            key_padding_mask, q_lengths, k_lengths, bool(skip_far_tiles), int(threads), blhd)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, slopes))
-    if needs_grad:
-        if k.dtype != q.dtype or v.dtype != q.dtype:
-            raise TypeError(f"alibi: gradients need q, k and v of one dtype (float32 or float64); k and v "
-                            f"in {k.dtype} with q in {q.dtype} are forward only (use torch.no_grad())")
-        out, lse = _AttentionFunction.apply(q, k, v, slopes, cfg)
-    else:
-        out, lse = _ops.forward(q, k, v, slopes, *cfg)
+    if needs_grad and (k.dtype != q.dtype or v.dtype != q.dtype):
+        raise TypeError(f"alibi: gradients need q, k and v of one dtype (float32 or float64); k and v "
+                        f"in {k.dtype} with q in {q.dtype} are forward only (use torch.no_grad())")
+    try:
+        if needs_grad:
+            out, lse = _AttentionFunction.apply(q, k, v, slopes, cfg)
+        else:
+            out, lse = _ops.forward(q, k, v, slopes, *cfg)
+    except ValueError as e:
+        raise ValueError(_caller_names(str(e), lengths is not None, blhd)) from None
     if blhd:
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

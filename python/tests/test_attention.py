@@ -297,9 +297,20 @@ class Errors(unittest.TestCase):
         self.raises(ValueError, "slopes must have shape", slopes=torch.ones(3))
         self.raises(ValueError, "key_padding_mask", key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
         self.raises(ValueError, "lengths must have shape", lengths=torch.tensor([1, 2, 3]))
+        # blhd: alibi's dimension numbers are explained in the caller's layout.
+        blhd = dict(q=self.q.transpose(1, 2), k=self.k.transpose(1, 2), v=self.v.transpose(1, 2)[:, :5],
+                    layout="blhd")
+        self.raises(ValueError, "v must have k's heads and length.*with layout='blhd' they are your "
+                    "tensors' \\(batch, len, heads, dim\\)", **blhd)
 
     def test_values(self):
-        self.raises(ValueError, "q_lengths\\(0\\) must be in", lengths=torch.tensor([7, 1]))
+        # lengths= is named as the caller gave it (alibi itself sees q_lengths and k_lengths).
+        self.raises(ValueError, "lengths\\(0\\) must be in", lengths=torch.tensor([7, 1]))
+        self.raises(ValueError, "q_lengths\\(0\\) must be in", q_lengths=torch.tensor([7, 1]),
+                    k_lengths=torch.tensor([6, 6]))
+        with self.assertRaises(ValueError) as caught:
+            alibi_torch.attention(self.q, self.k, self.v, lengths=torch.tensor([7, 1]))
+        self.assertNotIn("q_lengths", str(caught.exception))
         self.raises(ValueError, "layout must be", layout="bshd")
         self.raises(ValueError, "window must be", window="wide")
         self.raises(ValueError, "threads must be a positive int", threads=0)
