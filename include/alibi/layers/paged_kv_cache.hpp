@@ -24,8 +24,9 @@ namespace alibi {
 /// K and V of many sequences in fixed-size pages (one layer): a pool of num_pages pages, each
 /// page_size tokens of every KV head, a free list, and per sequence slot a row of the block
 /// table and a length. Storage T: float, Eigen::half, Eigen::bfloat16 (rounded to nearest on
-/// append) or std::int8_t (quantized on append, one scale per token and KV head for K and
-/// for V: see quantize_int8).
+/// append; as in kv_cache, an Eigen::half value beyond +-65504 becomes infinite, and the rows
+/// that see it NaN or infinite) or std::int8_t (quantized on append, one scale per token and
+/// KV head for K and for V: see quantize_int8).
 ///
 /// Sequences share pages: fork() gives a new sequence the pages of another (a shared prompt
 /// prefix), and the first append into a shared page copies it first (copy on write), so full
