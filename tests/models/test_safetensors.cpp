@@ -386,6 +386,33 @@ TEST_CASE("safetensors: many keys, F64 beyond float, a write that fails at close
     REQUIRE_THROWS_WITH(w.write("/dev/full"), Contains("cannot write '/dev/full'"));
 }
 
+TEST_CASE("safetensors: a dtype the reader cannot convert leaves the other tensors readable",
+          "[safetensors][errors]") {
+  using alibi::safetensors;
+  // F4 packs two values per byte (a (3, 4) tensor in 6 bytes), F8_E8M0 is one byte: files of
+  // newer quantized checkpoints hold such tensors beside float ones.
+  const auto file =
+      safetensors::parse(alibi_test::safetensors_bytes(
+                             R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("packed":{"dtype":"F4","shape":[3,4],"data_offsets":[8,14]},)"
+                             R"("scales":{"dtype":"F8_E8M0","shape":[3],"data_offsets":[14,17]}})",
+                             17),
+                         "q.safetensors");
+  REQUIRE(file.to_float("w") == std::vector<float>{0.0f, 0.0f});
+  REQUIRE(file.element_count("packed") == 12);
+  REQUIRE(file.raw("packed").second == 6);
+  REQUIRE(file.element_count("scales") == 3);
+  REQUIRE_THROWS_WITH(file.to_float("packed"),
+                      Contains("tensor 'packed' in q.safetensors has dtype F4; expected F32, F16, "
+                               "BF16 or F64"));
+  std::vector<float> out(3);
+  REQUIRE_THROWS_WITH(file.to_float("scales", 0, 3, out.data()), Contains("has dtype F8_E8M0"));
+  // Their bytes must still lie in the data section.
+  REQUIRE_THROWS_WITH(safetensors::parse(alibi_test::safetensors_bytes(
+                          R"({"p":{"dtype":"F4","shape":[4],"data_offsets":[0,9]}})", 8)),
+                      Contains("lie outside the data section"));
+}
+
 TEST_CASE("safetensors byte sizes that wrap are refused", "[safetensors]") {
   using alibi::safetensors;
   const auto with_header = alibi_test::safetensors_bytes;

@@ -360,8 +360,9 @@ class safetensors {
   }
   /// The number of elements of tensor `name`.
   std::size_t element_count(const std::string& name) const {
-    const tensor_info& t = info(name);
-    return (t.end - t.begin) / dtype_size(t.dtype);
+    std::size_t n = 1;  // the shape's product fits: parse checked it
+    for (const index_t e : info(name).shape) n *= static_cast<std::size_t>(e);
+    return n;
   }
   /// The tensor's raw little-endian bytes as stored in the file: (pointer, byte count).
   std::pair<const unsigned char*, std::size_t> raw(const std::string& name) const {
@@ -372,6 +373,7 @@ class safetensors {
   /// The tensor's values converted to float (F32, F16, BF16, F64), row-major.
   template <class Isa = detail::isa_tag>
   std::vector<float> to_float(const std::string& name) const {
+    require_float_dtype(name);  // before allocating for a tensor that cannot be converted
     std::vector<float> out(element_count(name));
     to_float<Isa>(name, out.data(), out.size());
     return out;
@@ -392,6 +394,7 @@ class safetensors {
   /// of, the rest. A range past the tensor's end is an alibi::error.
   template <class Isa = detail::isa_tag>
   void to_float(const std::string& name, std::size_t first, std::size_t count, float* out) const {
+    require_float_dtype(name);
     const tensor_info& t = info(name);
     const std::size_t total = element_count(name);
     if (first > total || count > total - first)
@@ -421,9 +424,15 @@ class safetensors {
                                      std::to_string(first + e) +
                                      ", beyond float's range (an F64 value read as float)"));
       }
-    } else
+    }
+  }
+
+  /// Refuses a tensor whose dtype to_float does not convert, naming it.
+  void require_float_dtype(const std::string& name) const {
+    const std::string& d = info(name).dtype;
+    if (d != "F32" && d != "F16" && d != "BF16" && d != "F64")
       detail::raise(argument_error("alibi::safetensors: tensor '" + name + "' in " + origin_ +
-                                   " has dtype " + t.dtype + "; expected F32, F16, BF16 or F64"));
+                                   " has dtype " + d + "; expected F32, F16, BF16 or F64"));
   }
 
   /// Bytes per element of a safetensors dtype, 0 for names it does not know.
@@ -431,7 +440,9 @@ class safetensors {
     if (d == "F64" || d == "I64" || d == "U64") return 8;
     if (d == "F32" || d == "I32" || d == "U32") return 4;
     if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
-    if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+    if (d == "C64") return 8;
+    if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2" || d == "F8_E8M0")
+      return 1;
     return 0;
   }
 
@@ -495,8 +506,10 @@ class safetensors {
            "needs \"dtype\" (string), \"shape\" (array) and \"data_offsets\" ([begin, end])");
     tensor_info t;
     t.dtype = dtype->get<std::string>();
+    // A dtype this reader does not size (sub-byte F4 and F6 kinds, newer ones) leaves the
+    // file readable: its bytes are only checked to lie in the data section, raw() gives them,
+    // and to_float refuses it. Other tensors of the file load as usual.
     const std::size_t esize = dtype_size(t.dtype);
-    if (esize == 0) fail(what + "unknown dtype " + t.dtype);
     // nlohmann keeps integers >= 0 as number_unsigned (uint64); negative ones, fractions and
     // exponents are other kinds, refused here.
     const auto natural = [](const nlohmann::json& e, std::uint64_t limit) {
@@ -513,7 +526,7 @@ class safetensors {
         fail(what + "the shape's element count overflows 64 bits");
       t.shape.push_back(static_cast<index_t>(extent));
     }
-    if (__builtin_mul_overflow(count, static_cast<std::uint64_t>(esize), &bytes))
+    if (esize != 0 && __builtin_mul_overflow(count, static_cast<std::uint64_t>(esize), &bytes))
       fail(what + "the shape's byte size (" + std::to_string(count) + " elements of " + t.dtype +
            ") overflows 64 bits");
     for (const auto& e : *offsets)
@@ -523,7 +536,7 @@ class safetensors {
     if (begin > end || end > data_size)
       fail(what + "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
            "] lie outside the data section (" + std::to_string(data_size) + " bytes)");
-    if (end - begin != bytes)
+    if (esize != 0 && end - begin != bytes)
       fail(what + "holds " + std::to_string(end - begin) + " bytes, but dtype " + t.dtype +
            " and its shape need " + std::to_string(bytes));
     t.begin = static_cast<std::size_t>(begin);
