@@ -951,6 +951,27 @@ void far_query_gradients(const Backend& be, index_t q_offset, const std::vector<
                             alibi::make_view<const float>(dout.data(), 1, H, lq, D), params, g);
 }
 
+/// Each gradient within 1e-5 of the double oracle's, relative to its scale (its largest
+/// magnitude, at least 1), and each d(slope) within 1e-5 relative.
+void check_near_oracle(const std::vector<float>& dq, const std::vector<float>& dk,
+                       const std::vector<float>& dv, const std::vector<float>& ds,
+                       const std::vector<double>& rq, const std::vector<double>& rk,
+                       const std::vector<double>& rv, const std::vector<float>& ds_ref) {
+  auto max_err = [](const std::vector<float>& got, const std::vector<double>& want) {
+    double e = 0, scale = 1;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      e = std::max(e, std::abs(got[i] - want[i]));
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    return e / scale;
+  };
+  CHECK(max_err(dq, rq) < 1e-5);
+  CHECK(max_err(dk, rk) < 1e-5);
+  CHECK(max_err(dv, rv) < 1e-5);
+  for (std::size_t h = 0; h < ds.size(); ++h)
+    CHECK(std::abs(ds[h] - ds_ref[h]) < 1e-5 * std::max(1.0f, std::abs(ds_ref[h])));
+}
+
 }  // namespace
 
 TEST_CASE("backward: rows whose every key is far keep fp32 precision", "[backward][eigen]") {
@@ -969,19 +990,7 @@ TEST_CASE("backward: rows whose every key is far keep fp32 precision", "[backwar
   CHECK(nds == fds);
   std::vector<double> rq, rk, rv;
   far_query_gradients(alibi::backend::reference{}, L + 1000000, slopes, L, L, rq, rk, rv, ds_ref);
-  auto max_err = [](const std::vector<float>& got, const std::vector<double>& ref) {
-    double e = 0, scale = 1;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-      e = std::max(e, std::abs(got[i] - ref[i]));
-      scale = std::max(scale, std::abs(ref[i]));
-    }
-    return e / scale;
-  };
-  CHECK(max_err(fq, rq) < 1e-5);
-  CHECK(max_err(fk, rk) < 1e-5);
-  CHECK(max_err(fv, rv) < 1e-5);
-  for (std::size_t h = 0; h < slopes.size(); ++h)
-    CHECK(std::abs(fds[h] - ds_ref[h]) < 1e-5 * std::max(1.0f, std::abs(ds_ref[h])));
+  check_near_oracle(fq, fk, fv, fds, rq, rk, rv, ds_ref);
 }
 
 TEST_CASE("backward: d(slopes) of rows with one far key is zero", "[backward][eigen]") {
@@ -1028,17 +1037,5 @@ TEST_CASE("negative slopes: rows dominated by their farthest keys keep fp32 prec
   std::vector<double> rq, rk, rv;
   far_query_gradients(alibi::backend::eigen{2}, Lk - 8, slopes, 8, Lk, dq, dk, dv, ds);
   far_query_gradients(alibi::backend::reference{}, Lk - 8, slopes, 8, Lk, rq, rk, rv, ds_ref);
-  auto max_err = [](const std::vector<float>& got, const std::vector<double>& want) {
-    double e = 0, scale = 1;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      e = std::max(e, std::abs(got[i] - want[i]));
-      scale = std::max(scale, std::abs(want[i]));
-    }
-    return e / scale;
-  };
-  CHECK(max_err(dq, rq) < 1e-5);
-  CHECK(max_err(dk, rk) < 1e-5);
-  CHECK(max_err(dv, rv) < 1e-5);
-  for (std::size_t h = 0; h < slopes.size(); ++h)
-    CHECK(std::abs(ds[h] - ds_ref[h]) < 1e-5 * std::max(1.0f, std::abs(ds_ref[h])));
+  check_near_oracle(dq, dk, dv, ds, rq, rk, rv, ds_ref);
 }
