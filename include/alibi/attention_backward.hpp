@@ -114,18 +114,22 @@ status make_backward_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 
   for (const status& s : {check_no_overlap(fn, "dq", dq), check_no_overlap(fn, "dk", dk),
                           check_no_overlap(fn, "dv", dv)})
     if (!s) return s;
-  // The gradients are written, blocks in parallel, while the forward's tensors are read.
-  // (The small per-batch parameter views are checked against the forward's outputs only.)
+  // The gradients are written, blocks in parallel, while the forward's tensors and the
+  // parameters are read.
+  const attention_params& pp = params;
+  auto disjoint = [&](const char* written, const auto& w) -> status {
+    const char* other = first_sharing(
+        w, bytes_of(w), "q", q, "k", k, "v", v, "out", out, "dout", dout, "params.logsumexp", lse,
+        "params.slopes.values", pp.slopes.values, "params.key_norm_bounds", pp.key_norm_bounds,
+        "params.key_mask", pp.key_mask, "params.q_lengths", pp.q_lengths, "params.k_lengths",
+        pp.k_lengths, "params.q_offsets", pp.q_offsets, "params.k_offsets", pp.k_offsets);
+    return other ? shared_memory_failure(fn, written, other) : status{};
+  };
   for (const status& s :
-       {check_disjoint_from(fn, "dq", dq, "q", q, "k", k, "v", v, "out", out, "dout", dout,
-                            "params.logsumexp", lse, "dk", dk, "dv", dv, "dslopes", dslopes),
-        check_disjoint_from(fn, "dk", dk, "q", q, "k", k, "v", v, "out", out, "dout", dout,
-                            "params.logsumexp", lse, "dv", dv, "dslopes", dslopes),
-        check_disjoint_from(fn, "dv", dv, "q", q, "k", k, "v", v, "out", out, "dout", dout,
-                            "params.logsumexp", lse, "dslopes", dslopes),
-        check_disjoint_from(fn, "dslopes", dslopes, "q", q, "k", k, "v", v, "out", out, "dout",
-                            dout, "params.logsumexp", lse, "params.slopes.values",
-                            params.slopes.values)})
+       {disjoint("dq", dq), disjoint("dk", dk), disjoint("dv", dv), disjoint("dslopes", dslopes),
+        check_disjoint_from(fn, "dq", dq, "dk", dk, "dv", dv, "dslopes", dslopes),
+        check_disjoint_from(fn, "dk", dk, "dv", dv, "dslopes", dslopes),
+        check_disjoint(fn, "dv", dv, "dslopes", dslopes)})
     if (!s) return s;
   return {};
 }

@@ -265,6 +265,21 @@ status check_kv(const std::string& f, const contiguous_kv<T>& kv, index_t num_se
   return {};
 }
 
+/// The name of the first view of the cache that shares memory with `w`, or null.
+template <class TW, int RW, class T>
+const char* first_sharing_kv(const tensor_view<TW, RW>& w, const paged_kv<T>& kv) {
+  return first_sharing(w, bytes_of(w), "kv.k", kv.k, "kv.v", kv.v, "kv.k_scales", kv.k_scales,
+                       "kv.v_scales", kv.v_scales, "kv.block_table", kv.block_table,
+                       "kv.context_lens", kv.context_lens, "kv.context_lens32", kv.context_lens32,
+                       "kv.page_key_norms", kv.page_key_norms);
+}
+template <class TW, int RW, class T>
+const char* first_sharing_kv(const tensor_view<TW, RW>& w, const contiguous_kv<T>& kv) {
+  return first_sharing(w, bytes_of(w), "kv.k", kv.k, "kv.v", kv.v, "kv.k_scales", kv.k_scales,
+                       "kv.v_scales", kv.v_scales, "kv.context_lens", kv.context_lens,
+                       "kv.context_lens32", kv.context_lens32);
+}
+
 /// The one argument check of ragged_attention (host memory: every value is read here).
 template <class TQ, class KV, class TO>
 status make_ragged_problem(const tensor_view<TQ, 3>& q, const tensor_view<const index_t, 1>& cu,
@@ -329,14 +344,17 @@ status make_ragged_problem(const tensor_view<TQ, 3>& q, const tensor_view<const 
       !s)
     return s;
   if (status s = check_no_overlap(fn, "params.logsumexp", p.logsumexp); !s) return s;
-  // The outputs are written, items in parallel, while the queries and the cache are read.
-  for (const status& s :
-       {check_disjoint_from(fn, "out", out, "q", q, "cu_seqlens_q", cu, "kv.k", kv.k, "kv.v", kv.v,
-                            "kv.k_scales", kv.k_scales, "kv.v_scales", kv.v_scales,
-                            "params.logsumexp", p.logsumexp),
-        check_disjoint_from(fn, "params.logsumexp", p.logsumexp, "q", q, "cu_seqlens_q", cu, "kv.k",
-                            kv.k, "kv.v", kv.v, "kv.k_scales", kv.k_scales, "kv.v_scales",
-                            kv.v_scales)})
+  // The outputs are written, items in parallel, while the queries, the cache and the
+  // parameters are read (the block table and context lengths again inside the kernel).
+  auto disjoint = [&](const char* written, const auto& w) -> status {
+    const char* other = first_sharing_kv(w, kv);
+    if (other == nullptr)
+      other = first_sharing(w, bytes_of(w), "q", q, "cu_seqlens_q", cu, "params.slopes.values",
+                            p.slopes.values, "params.key_norm_bounds", p.key_norm_bounds);
+    return other ? shared_memory_failure(fn, written, other) : status{};
+  };
+  for (const status& s : {disjoint("out", out), disjoint("params.logsumexp", p.logsumexp),
+                          check_disjoint(fn, "out", out, "params.logsumexp", p.logsumexp)})
     if (!s) return s;
 
   rp.row_start.assign(static_cast<std::size_t>(S + 1), 0);

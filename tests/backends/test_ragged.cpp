@@ -555,6 +555,17 @@ TEST_CASE("ragged: bad arguments are refused with the argument named", "[ragged]
         be, alibi::make_view<const float>(qo.data(), c.total, sp.q_heads, sp.head_dim), c.cuv(),
         c.paged(), alibi::make_view(qo.data(), c.total, sp.q_heads, sp.v_head_dim), p);
     REQUIRE_THAT(st.message(), Catch::Contains("out and q share memory"));
+    // The logsumexp over the block table, which the kernel reads again.
+    std::vector<std::int32_t> table_and_lse = c.table;
+    table_and_lse.resize(
+        std::max(table_and_lse.size(), static_cast<std::size_t>(sp.q_heads * c.total)));
+    alibi::paged_kv<float> kvt = c.paged();
+    kvt.block_table = alibi::make_view<const std::int32_t>(table_and_lse.data(), c.S, c.max_pages);
+    alibi::attention_params pl = p;
+    pl.logsumexp = alibi::make_view(reinterpret_cast<float*>(table_and_lse.data()), index_t(1),
+                                    sp.q_heads, c.total);
+    const alibi::status sl = alibi::can_implement_ragged(be, c.qv(), c.cuv(), kvt, ov, pl);
+    REQUIRE_THAT(sl.message(), Catch::Contains("params.logsumexp and kv.block_table share memory"));
   }
   std::vector<std::int32_t> table = c.table;
   table[0] = static_cast<std::int32_t>(c.pages);

@@ -185,9 +185,12 @@ bool views_share_bytes(const tensor_view<TA, RA>& a, const tensor_view<TB, RB>& 
 
   lattice_term t[RA + RB];
   int n = 0;
-  // coeff * i with i in [0, extent - 1], written with a positive step.
-  auto add = [&](index_t coeff, index_t extent) {
-    if (extent <= 1 || coeff == 0) return;
+  // sign * stride * size * i with i in [0, extent - 1], written with a positive step. The
+  // stride of an extent-1 dimension is never used (and may be anything): skipped before any
+  // arithmetic on it.
+  auto add = [&](index_t stride, index_t size, index_t extent, bool negate) {
+    if (extent <= 1 || stride == 0) return;
+    const index_t coeff = (negate ? -stride : stride) * size;
     const lattice_term term =
         coeff > 0 ? lattice_term{coeff, 0, extent - 1} : lattice_term{-coeff, -(extent - 1), 0};
     for (int j = 0; j < n; ++j)
@@ -198,8 +201,8 @@ bool views_share_bytes(const tensor_view<TA, RA>& a, const tensor_view<TB, RB>& 
       }
     t[n++] = term;
   };
-  for (int d = 0; d < RA; ++d) add(a.strides[d] * size_a, a.extents[d]);
-  for (int d = 0; d < RB; ++d) add(-b.strides[d] * size_b, b.extents[d]);
+  for (int d = 0; d < RA; ++d) add(a.strides[d], size_a, a.extents[d], false);
+  for (int d = 0; d < RB; ++d) add(b.strides[d], size_b, b.extents[d], true);
   for (int i = 1; i < n; ++i)  // insertion sort by step, largest first (n <= RA + RB)
     for (int j = i; j > 0 && t[j].step > t[j - 1].step; --j) std::swap(t[j], t[j - 1]);
   std::pair<index_t, index_t> rest[RA + RB + 1];
@@ -213,28 +216,60 @@ bool views_share_bytes(const tensor_view<TA, RA>& a, const tensor_view<TB, RB>& 
   return lattice_hits(t, n, rest, 0, lo, hi, budget) == 1;
 }
 
-/// Refuses an output `written` that shares memory with another argument `other` (an input it
-/// would overwrite while it is still read, or a second output), naming both.
-template <class TA, int RA, class TB, int RB>
-status check_disjoint(const char* fn, const char* written, const tensor_view<TA, RA>& w,
-                      const char* other, const tensor_view<TB, RB>& o) {
-  if (!views_share_bytes(w, o)) return {};
+/// The error of an output `written` that shares memory with another argument `other`.
+inline status shared_memory_failure(const char* fn, const char* written, const char* other) {
   return status::failure(std::string(fn) + ": " + written + " and " + other + " share memory; " +
                          written +
                          " is written by this call, so it must not alias any other argument "
                          "(give it a buffer of its own)");
 }
 
-/// check_disjoint of one written view against each (name, view) pair that follows.
+/// Refuses an output `written` that shares memory with another argument `other` (an input it
+/// would overwrite while it is still read, or a second output), naming both.
+template <class TA, int RA, class TB, int RB>
+status check_disjoint(const char* fn, const char* written, const tensor_view<TA, RA>& w,
+                      const char* other, const tensor_view<TB, RB>& o) {
+  return views_share_bytes(w, o) ? shared_memory_failure(fn, written, other) : status{};
+}
+
+/// A view's bytes [lo, hi) as addresses; lo == hi for an empty view, or one whose span is
+/// beyond any buffer (views_share_bytes reports no sharing for those either).
+struct byte_range {
+  std::uintptr_t lo = 0, hi = 0;
+};
+template <class T, int R>
+byte_range bytes_of(const tensor_view<T, R>& v) {
+  constexpr index_t limit = index_t(1) << 58;
+  const index_t size = static_cast<index_t>(sizeof(T));
+  index_t lo = 0, hi = 0;
+  if (!offset_span(v, lo, hi) || hi - lo > limit / size || lo < -limit / size || hi > limit / size)
+    return {};
+  // Unsigned wrap-around adds a negative offset exactly.
+  const auto base = reinterpret_cast<std::uintptr_t>(v.data);
+  return {base + static_cast<std::uintptr_t>(lo * size),
+          base + static_cast<std::uintptr_t>((hi + 1) * size)};
+}
+
+/// The name of the first (name, view) pair whose view shares memory with `w` (whose bytes
+/// are `wr`), or null. Views in other buffers are passed over by their byte ranges alone.
 template <class TW, int RW>
-status check_disjoint_from(const char*, const char*, const tensor_view<TW, RW>&) {
-  return {};
+const char* first_sharing(const tensor_view<TW, RW>&, byte_range) {
+  return nullptr;
 }
 template <class TW, int RW, class T, int R, class... Rest>
+const char* first_sharing(const tensor_view<TW, RW>& w, byte_range wr, const char* name,
+                          const tensor_view<T, R>& v, const Rest&... rest) {
+  const byte_range vr = bytes_of(v);
+  const bool may_share = wr.lo < wr.hi && vr.lo < vr.hi && wr.lo < vr.hi && vr.lo < wr.hi;
+  return may_share && views_share_bytes(w, v) ? name : first_sharing(w, wr, rest...);
+}
+
+/// check_disjoint of one written view against each (name, view) pair that follows.
+template <class TW, int RW, class... Pairs>
 status check_disjoint_from(const char* fn, const char* written, const tensor_view<TW, RW>& w,
-                           const char* name, const tensor_view<T, R>& v, const Rest&... rest) {
-  if (status s = check_disjoint(fn, written, w, name, v); !s) return s;
-  return check_disjoint_from(fn, written, w, rest...);
+                           const Pairs&... pairs) {
+  const char* other = first_sharing(w, bytes_of(w), pairs...);
+  return other ? shared_memory_failure(fn, written, other) : status{};
 }
 
 /// Whether two views address the same elements in the same order (an in-place operation's

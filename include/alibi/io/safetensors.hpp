@@ -20,8 +20,8 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -213,9 +213,9 @@ inline json_document parse_json(const char* begin, const char* end, const std::s
     detail::raise(io_error(context + ": JSON nested deeper than " + std::to_string(max_json_depth) +
                            " levels"));
   using event = nlohmann::json::parse_event_t;
-  // The keys of each open object (a hash set: a header may hold millions of keys, in any
-  // order).
-  std::vector<std::unordered_set<std::string>> keys;
+  // The keys of each open object: a header may hold millions of keys, in any order (a tree,
+  // n log n whatever the keys are; a sorted vector was quadratic).
+  std::vector<std::set<std::string>> keys;
   std::string duplicate;
   bool has_duplicate = false;
   const nlohmann::json::parser_callback_t note_keys = [&](int, event e, nlohmann::json& parsed) {
@@ -266,8 +266,7 @@ inline namespace ALIBI_CPU_ISA {
 /// F64 NaNs go through the C++ conversion (quieted, payload truncated, as the hardware does).
 /// Converts `count` stored values to float. Returns the index of the first finite value
 /// beyond float's range (a double; its conversion would be undefined, in practice +-inf),
-/// stored in `too_large`, or `count` when there is none; the values from there on are not
-/// converted.
+/// stored in `too_large`, or `count` when there is none; `dst` is then unspecified.
 template <class Stored>
 std::size_t stored_to_float(const unsigned char* src, float* dst, std::size_t count,
                             double* too_large = nullptr) {

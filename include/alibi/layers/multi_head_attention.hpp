@@ -650,7 +650,7 @@ void multi_head_attention<T, Backend>::record(activations& saved, const forward_
                                               const char* fn) const {
   using detail::str;
   const std::string f = fn;
-  if (!out_bias_)
+  if (cfg_.bias && !out_bias_)
     detail::raise(argument_error(f + ": the output bias is off (set_output_bias(false), a "
                                      "tensor-parallel shard's forward-only setting); training "
                                      "needs it on"));

@@ -91,9 +91,6 @@ inline std::array<std::vector<float>, 3> split_qkv(qkv_packing packing,
   return parts;
 }
 
-/// The first root under which `file` holds layer 0's first projection of `family`: the
-/// family's own root, then "", "transformer.", "model.", "base_model.model." + the family's
-/// root and "base_model.model." (PEFT).
 /// The tensor whose presence marks layer i of `family` under `root`: its first projection.
 inline std::string layer_probe(const model_family& family, index_t i, const std::string& root) {
   const checkpoint_names& n = family.names;
@@ -101,6 +98,9 @@ inline std::string layer_probe(const model_family& family, index_t i, const std:
          ".weight";
 }
 
+/// The first root under which `file` holds layer 0's first projection of `family`: the
+/// family's own root, then "", "transformer.", "model.", "base_model.model." + the family's
+/// root and "base_model.model." (PEFT).
 template <class File>
 std::string family_root(const File& file, const model_family& family, const char* fn) {
   // The published root, none, the common ones, and those under a fine-tuning tool's
@@ -427,6 +427,7 @@ inline model_family from_config(const std::string& config_json) {
         r.fail("attn_config.attn_logit_softcapping is set (not supported)");
       if (is_set(attn, "sliding_window_size") &&
           !(attn.at("sliding_window_size").is_number_integer() &&
+            !attn.at("sliding_window_size").is_number_unsigned() &&
             attn.at("sliding_window_size").get<index_t>() == -1))
         r.fail("attn_config.sliding_window_size is set (only -1, no window, is supported)");
       if (attn.is_object() && attn.contains("clip_qkv") && !attn.at("clip_qkv").is_null())
