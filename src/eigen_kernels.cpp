@@ -37,9 +37,7 @@ namespace {
 void backward_f32(
     int threads, const attention_problem& p,
     const attention_backward_tensors<float, float, float, float, kernels_entry_tag>& t) {
-  const attention_backward_tensors<float, float, float, float> u{
-      t.q, t.k, t.v, t.out, t.dout, t.lse, t.dq, t.dk, t.dv, t.dslopes};
-  backward_kernel<float>(threads, p, u);
+  backward_kernel<float>(threads, p, t.template with_isa<isa_tag>());
 }
 
 }  // namespace

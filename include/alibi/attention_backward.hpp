@@ -32,16 +32,23 @@ struct attention_backward_impl {
 /// `Isa`: see attention_tensors.
 template <class TQ, class TKV, class TO, class TG, class Isa = isa_tag>
 struct attention_backward_tensors {
-  tensor_view<const TQ, 4> q;       // (B, Hq, Lq, D)
-  tensor_view<const TKV, 4> k;      // (B, Hkv, Lk, D)
-  tensor_view<const TKV, 4> v;      // (B, Hkv, Lk, Dv)
-  tensor_view<const TO, 4> out;     // (B, Hq, Lq, Dv) the forward's output
-  tensor_view<const TO, 4> dout;    // (B, Hq, Lq, Dv) d loss / d out
-  tensor_view<const float, 3> lse;  // (B, Hq, Lq) the forward's logsumexp (natural log)
-  tensor_view<TG, 4> dq;            // (B, Hq, Lq, D)
-  tensor_view<TG, 4> dk;            // (B, Hkv, Lk, D), summed over each group's query heads
-  tensor_view<TG, 4> dv;            // (B, Hkv, Lk, Dv), likewise
-  tensor_view<float, 2> dslopes;    // (1 or B, Hq) or omitted
+  tensor_view<const TQ, 4> q;        // (B, Hq, Lq, D)
+  tensor_view<const TKV, 4> k;       // (B, Hkv, Lk, D)
+  tensor_view<const TKV, 4> v;       // (B, Hkv, Lk, Dv)
+  tensor_view<const TO, 4> out;      // (B, Hq, Lq, Dv) the forward's output
+  tensor_view<const TO, 4> dout;     // (B, Hq, Lq, Dv) d loss / d out
+  tensor_view<const float, 3> lse;   // (B, Hq, Lq) the forward's logsumexp (natural log)
+  tensor_view<TG, 4> dq;             // (B, Hq, Lq, D)
+  tensor_view<TG, 4> dk;             // (B, Hkv, Lk, D), summed over each group's query heads
+  tensor_view<TG, 4> dv;             // (B, Hkv, Lk, Dv), likewise
+  tensor_view<float, 2> dslopes;     // (1 or B, Hq) or omitted
+  tensor_view<const float, 3> dlse;  // (B, Hq, Lq) d loss / d logsumexp, or omitted
+
+  /// The same views, carrying another instruction-set tag.
+  template <class Isa2>
+  attention_backward_tensors<TQ, TKV, TO, TG, Isa2> with_isa() const {
+    return {q, k, v, out, dout, lse, dq, dk, dv, dslopes, dlse};
+  }
 };
 
 /// Checks that `g` has exactly the extents of `like` (a gradient has its tensor's shape).
@@ -71,6 +78,7 @@ status make_backward_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 
                              const tensor_view<TD, 4>& dout, const tensor_view<TL, 3>& lse,
                              const tensor_view<TG1, 4>& dq, const tensor_view<TG2, 4>& dk,
                              const tensor_view<TG3, 4>& dv, const tensor_view<float, 2>& dslopes,
+                             const tensor_view<const float, 3>& dlse,
                              const attention_params& params, bool host_values,
                              attention_problem& prob) {
   constexpr const char* fn = "alibi::attention_backward";
@@ -95,6 +103,17 @@ status make_backward_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 
                                  "same params here"
                                : ""));
   if (status s = check_view(fn, "params.logsumexp", lse); !s) return s;
+  if (dlse.data != nullptr || dlse.extents[0] != 0 || dlse.extents[1] != 0 ||
+      dlse.extents[2] != 0) {
+    for (int d = 0; d < 3; ++d)
+      if (dlse.extents[d] != bhq[d])
+        return status::failure(std::string(fn) +
+                               ": dlogsumexp must have the logsumexp's shape (batch, q_heads, "
+                               "q_len) = (" +
+                               str(bhq[0]) + ", " + str(bhq[1]) + ", " + str(bhq[2]) +
+                               "), but extent(" + str(d) + ") is " + str(dlse.extents[d]));
+    if (status s = check_view(fn, "dlogsumexp", dlse); !s) return s;
+  }
   const bool want_dslopes =
       dslopes.data != nullptr || dslopes.extents[0] != 0 || dslopes.extents[1] != 0;
   if (want_dslopes) {
@@ -120,9 +139,10 @@ status make_backward_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 
   auto disjoint = [&](const char* written, const auto& w) -> status {
     const char* other = first_sharing(
         w, bytes_of(w), "q", q, "k", k, "v", v, "out", out, "dout", dout, "params.logsumexp", lse,
-        "params.slopes.values", pp.slopes.values, "params.key_norm_bounds", pp.key_norm_bounds,
-        "params.key_mask", pp.key_mask, "params.q_lengths", pp.q_lengths, "params.k_lengths",
-        pp.k_lengths, "params.q_offsets", pp.q_offsets, "params.k_offsets", pp.k_offsets);
+        "dlogsumexp", dlse, "params.slopes.values", pp.slopes.values, "params.key_norm_bounds",
+        pp.key_norm_bounds, "params.key_mask", pp.key_mask, "params.q_lengths", pp.q_lengths,
+        "params.k_lengths", pp.k_lengths, "params.q_offsets", pp.q_offsets, "params.k_offsets",
+        pp.k_offsets);
     return other ? shared_memory_failure(fn, written, other) : status{};
   };
   for (const status& s :
@@ -141,7 +161,8 @@ status prepare_backward(const Backend& backend, const tensor_view<TQ, 4>& q,
                         const tensor_view<TO, 4>& out, const tensor_view<TD, 4>& dout,
                         const tensor_view<const float, 3>& lse, const tensor_view<TG1, 4>& dq,
                         const tensor_view<TG2, 4>& dk, const tensor_view<TG3, 4>& dv,
-                        const tensor_view<float, 2>& dslopes, const attention_params& params,
+                        const tensor_view<float, 2>& dslopes,
+                        const tensor_view<const float, 3>& dlse, const attention_params& params,
                         attention_problem& prob,
                         attention_backward_tensors<std::remove_const_t<TQ>, std::remove_const_t<TK>,
                                                    std::remove_const_t<TO>, TG1, Isa>& t) {
@@ -153,7 +174,7 @@ status prepare_backward(const Backend& backend, const tensor_view<TQ, 4>& q,
                 "alibi::attention_backward: dq, dk and dv must have the same element type");
   static_assert(!std::is_const<TG1>::value,
                 "alibi::attention_backward: dq, dk and dv must be writable");
-  if (status s = make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, dslopes, params,
+  if (status s = make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, dslopes, dlse, params,
                                        reads_host_memory<Backend>, prob);
       !s)
     return s;
@@ -167,19 +188,24 @@ status prepare_backward(const Backend& backend, const tensor_view<TQ, 4>& q,
   t.dk = dk;
   t.dv = dv;
   t.dslopes = dslopes;
+  t.dlse = dlse;
   return attention_backward_impl<Backend>::can_implement(backend, prob, t);
 }
 
 }  // namespace detail
 
 /// Where attention_backward writes the gradients, by name: dq, dk and dv must have the
-/// shapes of q, k and v, and one element type; dslopes is optional.
+/// shapes of q, k and v, and one element type; dslopes is optional. `dlogsumexp` is the one
+/// input here: the gradient arriving at the forward's logsumexp, for a loss that uses it
+/// (partial results merged by their logsumexps, a z-loss); omitted, the logsumexp is taken
+/// as unused.
 template <class TG = float>
 struct attention_gradients {
-  tensor_view<TG, 4> dq;            // (B, Hq, Lq, D)
-  tensor_view<TG, 4> dk;            // (B, Hkv, Lk, D), summed over each GQA group's query heads
-  tensor_view<TG, 4> dv;            // (B, Hkv, Lk, Dv), likewise
-  tensor_view<float, 2> dslopes{};  // (1 or B, Hq): d loss / d slope, or omitted
+  tensor_view<TG, 4> dq;                     // (B, Hq, Lq, D)
+  tensor_view<TG, 4> dk;                     // (B, Hkv, Lk, D), summed over each GQA group
+  tensor_view<TG, 4> dv;                     // (B, Hkv, Lk, Dv), likewise
+  tensor_view<float, 2> dslopes{};           // (1 or B, Hq): d loss / d slope, or omitted
+  tensor_view<const float, 3> dlogsumexp{};  // (B, Hq, Lq): d loss / d logsumexp, or omitted
 };
 
 namespace detail {
@@ -204,7 +230,8 @@ status can_implement_backward(const Backend& backend, tensor_view<TQ, 4> q, tens
                                      std::remove_const_t<TO>, TG, Isa>
       t;
   return detail::prepare_backward(backend, q, k, v, out, dout, detail::forward_logsumexp(params),
-                                  grads.dq, grads.dk, grads.dv, grads.dslopes, params, prob, t);
+                                  grads.dq, grads.dk, grads.dv, grads.dslopes, grads.dlogsumexp,
+                                  params, prob, t);
 }
 
 /// The gradients of alibi::attention. Given the forward's inputs q, k, v, its output `out`,
@@ -214,7 +241,8 @@ status can_implement_backward(const Backend& backend, tensor_view<TQ, 4> q, tens
 /// `grads`: dq, dk, dv (dk and dv summed over each GQA group's query heads) and, when given,
 /// dslopes = d loss / d slope, shape (1 or batch, q_heads): with one row the batch entries'
 /// contributions are summed. The logsumexp has one way in and out: params.logsumexp, written
-/// by the forward, read here (never written).
+/// by the forward, read here (never written). A loss that also depends on the logsumexp
+/// passes its gradient as grads.dlogsumexp; rows past a length do not read it.
 ///
 /// Every element of dq, dk, dv (and dslopes) is written: zeros for padded query rows,
 /// keys past a length or excluded by the key mask, and rows without keys. Memory the
@@ -235,7 +263,7 @@ void attention_backward(const Backend& backend, tensor_view<TQ, 4> q, tensor_vie
                                      std::remove_const_t<TO>, TG, Isa>
       t;
   detail::prepare_backward(backend, q, k, v, out, dout, detail::forward_logsumexp(params), grads.dq,
-                           grads.dk, grads.dv, grads.dslopes, params, prob, t)
+                           grads.dk, grads.dv, grads.dslopes, grads.dlogsumexp, params, prob, t)
       .throw_if_failed();
   detail::attention_backward_impl<Backend>::run(backend, prob, t);
 }

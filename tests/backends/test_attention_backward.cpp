@@ -41,12 +41,14 @@ void backward_with(const Backend& be, alibi::tensor_view<TQ, 4> q, alibi::tensor
                    alibi::tensor_view<TD, 4> dout, alibi::tensor_view<const float, 3> lse,
                    alibi::tensor_view<TG, 4> dq, alibi::tensor_view<TG, 4> dk,
                    alibi::tensor_view<TG, 4> dv, const alibi::attention_params& params,
-                   alibi::tensor_view<float, 2> dslopes = {}) {
+                   alibi::tensor_view<float, 2> dslopes = {},
+                   alibi::tensor_view<const float, 3> dlse = {}) {
   alibi::attention_gradients<TG> g;
   g.dq = dq;
   g.dk = dk;
   g.dv = dv;
   g.dslopes = dslopes;
+  g.dlogsumexp = dlse;
   alibi::attention_backward(be, q, k, v, out, dout, with_lse(params, lse), g);
 }
 
@@ -73,6 +75,8 @@ struct fd_problem {
   std::vector<double> q, k, v, dout;
   std::vector<float> slopes;  // (slope_rows, Hq), multiples of 2^-11 (see dslopes below)
   index_t slope_rows = 0;
+  bool with_dlse = false;
+  std::vector<float> dlse;  // (B, Hq, Lq) d loss / d logsumexp, when with_dlse
   alibi::attention_params params;
   std::vector<index_t> q_lengths, k_lengths, q_offsets, k_offsets;
   std::vector<char> key_mask;
@@ -88,6 +92,10 @@ struct fd_problem {
     fill(k, B * Hkv * Lk * D);
     fill(v, B * Hkv * Lk * Dv);
     fill(dout, B * Hq * Lq * Dv);
+    if (with_dlse) {
+      dlse.resize(static_cast<std::size_t>(B * Hq * Lq));
+      for (float& g : dlse) g = static_cast<float>(randn(rng));
+    }
     if (slope_rows > 0) {
       std::uniform_int_distribution<int> u(0, 1200);
       slopes.resize(static_cast<std::size_t>(slope_rows * Hq));
@@ -97,15 +105,53 @@ struct fd_problem {
     }
   }
 
-  /// loss = sum(out * dout), so that d loss / d out = dout.
+  /// loss = sum(out * dout) (+ sum(lse * dlse) with_dlse), so that d loss / d out = dout and
+  /// d loss / d lse = dlse.
   double loss() {
     std::vector<double> out(static_cast<std::size_t>(B * Hq * Lq * Dv));
-    alibi::attention(alibi::backend::reference{}, alibi::make_view(q.data(), B, Hq, Lq, D),
-                     alibi::make_view(k.data(), B, Hkv, Lk, D),
-                     alibi::make_view(v.data(), B, Hkv, Lk, Dv),
-                     alibi::make_view(out.data(), B, Hq, Lq, Dv), params);
+    const auto qv = alibi::make_view(q.data(), B, Hq, Lq, D);
+    const auto kv = alibi::make_view(k.data(), B, Hkv, Lk, D);
+    const auto vv = alibi::make_view(v.data(), B, Hkv, Lk, Dv);
+    const auto ov = alibi::make_view(out.data(), B, Hq, Lq, Dv);
+    alibi::attention(alibi::backend::reference{}, qv, kv, vv, ov, params);
     double l = 0;
     for (std::size_t e = 0; e < out.size(); ++e) l += out[e] * dout[e];
+    if (with_dlse) l += lse_loss(qv, kv, vv, ov);
+    return l;
+  }
+
+  /// sum over rows with keys of dlse * the row's logsumexp, in double (the forward's view is
+  /// float, too coarse for a difference quotient): log sum exp(scale q.k - slope |i - j|)
+  /// over the allowed keys.
+  template <class Q, class K, class V, class O>
+  double lse_loss(const Q& qv, const K& kv, const V& vv, const O& ov) const {
+    alibi::detail::attention_problem p;
+    alibi::detail::make_problem(qv, kv, vv, ov, params, true, p).throw_if_failed();
+    double l = 0;
+    std::vector<double> row(static_cast<std::size_t>(Lk));
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hq; ++h)
+        for (index_t i = 0; i < p.len_q(b); ++i) {
+          const alibi::index_range keys = p.key_range(b, i);
+          double m = -std::numeric_limits<double>::infinity();
+          for (index_t j = keys.begin; j < keys.end; ++j) {
+            if (p.key_excluded(b, j)) continue;
+            double dot = 0;
+            for (index_t d = 0; d < D; ++d) dot += qv(b, h, i, d) * kv(b, p.kv_head(h), j, d);
+            row[static_cast<std::size_t>(j)] =
+                static_cast<double>(p.scale) * dot +
+                (p.slopes.enabled
+                     ? alibi::alibi_bias_exact(p.slope(b, h), p.q_offset(b) + i, p.k_offset(b) + j)
+                     : 0.0);
+            m = std::max(m, row[static_cast<std::size_t>(j)]);
+          }
+          if (m == -std::numeric_limits<double>::infinity()) continue;  // no keys: lse -inf
+          double sum = 0;
+          for (index_t j = keys.begin; j < keys.end; ++j)
+            if (!p.key_excluded(b, j)) sum += std::exp(row[static_cast<std::size_t>(j)] - m);
+          l += static_cast<double>(dlse[static_cast<std::size_t>((b * Hq + h) * Lq + i)]) *
+               (m + std::log(sum));
+        }
     return l;
   }
 };
@@ -141,11 +187,13 @@ void check_finite_differences(fd_problem& pr) {
   alibi::attention(alibi::backend::reference{}, qv, kv, vv, ov, p);
   alibi::tensor_view<float, 2> dsv{};
   if (pr.slope_rows > 0) dsv = alibi::make_view(dslopes.data(), pr.slope_rows, pr.Hq);
+  alibi::tensor_view<const float, 3> dlse{};
+  if (pr.with_dlse) dlse = alibi::make_view<const float>(pr.dlse.data(), pr.B, pr.Hq, pr.Lq);
   backward_with(alibi::backend::reference{}, qv, kv, vv, ov,
                 alibi::make_view(pr.dout.data(), pr.B, pr.Hq, pr.Lq, pr.Dv), p.logsumexp,
                 alibi::make_view(dq.data(), pr.B, pr.Hq, pr.Lq, pr.D),
                 alibi::make_view(dk.data(), pr.B, pr.Hkv, pr.Lk, pr.D),
-                alibi::make_view(dv.data(), pr.B, pr.Hkv, pr.Lk, pr.Dv), p, dsv);
+                alibi::make_view(dv.data(), pr.B, pr.Hkv, pr.Lk, pr.Dv), p, dsv, dlse);
   auto numeric = [&](std::vector<double>& x) {
     std::vector<double> g(x.size());
     for (std::size_t e = 0; e < x.size(); ++e) {
@@ -227,6 +275,21 @@ TEST_CASE("reference backward matches finite differences", "[backward][reference
          p.params.scale = 0.7f;
          p.params.slopes = alibi::slope_config::none();
        }},
+      {"a loss on the logsumexp too, GQA, dslopes",
+       [](fd_problem& p) {
+         p.with_dlse = true;
+         p.slope_rows = 1;
+       }},
+      {"a loss on the logsumexp, lengths (one entry without keys), key mask, causal window",
+       [](fd_problem& p) {
+         p.with_dlse = true;
+         p.B = 3;
+         p.params.mask.causal = true;
+         p.params.mask.window_left = 3;
+         p.q_lengths = {5, 3, 4};
+         p.k_lengths = {7, 0, 6};
+         p.key_mask = {0, 1, 0, 0, 1, 0, 0, /**/ 0, 0, 0, 0, 0, 0, 0, /**/ 1, 0, 0, 1, 0, 0, 0};
+       }},
   };
   std::uint64_t seed = 7;
   for (const variant& var : variants) {
@@ -266,11 +329,12 @@ struct grads {
 };
 
 /// Everything a backward call on one case needs: the case's inputs (NaN padding), the
-/// forward's out and logsumexp from the fused forward, and dout (NaN on padded rows).
+/// forward's out and logsumexp from the fused forward, dout (NaN on padded rows) and, for
+/// every other seed, a gradient of the logsumexp (NaN on padded rows).
 struct backward_case {
   alibi_test::case_data c;
   alibi_test::padded_tensor<float> out, dout;
-  std::vector<float> lse;
+  std::vector<float> lse, dlse;
   alibi::attention_params params;
   bool with_dslopes = false;
 
@@ -289,6 +353,29 @@ struct backward_case {
       x = padded ? alibi_test::nan_f : randn(rng);  // padded rows' dout is never read
     });
     with_dslopes = !s.no_alibi;
+    if (s.seed % 2 == 0) {
+      dlse.resize(lse.size());
+      for (index_t b = 0; b < s.batch; ++b)
+        for (index_t h = 0; h < s.hq; ++h)
+          for (index_t i = 0; i < s.lq; ++i) {
+            const bool padded =
+                !c.q_lengths.empty() && i >= c.q_lengths[static_cast<std::size_t>(b)];
+            dlse[static_cast<std::size_t>((b * s.hq + h) * s.lq + i)] =
+                padded ? alibi_test::nan_f : randn(rng);
+          }
+    }
+  }
+
+  /// The logsumexp's gradient as the backward takes it (empty for odd seeds).
+  alibi::tensor_view<const float, 3> dlse_view() const {
+    if (dlse.empty()) return {};
+    return alibi::make_view<const float>(dlse.data(), c.spec.batch, c.spec.hq, c.spec.lq);
+  }
+
+  /// Row i's gradient of the logsumexp (0 without one).
+  float dlse_at(index_t b, index_t h, index_t i) const {
+    return dlse.empty() ? 0.0f
+                        : dlse[static_cast<std::size_t>((b * c.spec.hq + h) * c.spec.lq + i)];
   }
 
   template <class Backend>
@@ -300,7 +387,7 @@ struct backward_case {
     alibi::tensor_view<float, 2> ds{};
     if (with_dslopes) ds = alibi::make_view(g.dslopes.data(), rows, c.spec.hq);
     backward_with(be, c.q.view, c.k.view, c.v.view, out.view, dout.view, p.logsumexp, g.dq.view,
-                  g.dk.view, g.dv.view, p, ds);
+                  g.dk.view, g.dv.view, p, ds, dlse_view());
   }
 };
 
@@ -333,7 +420,8 @@ backward_oracle make_oracle(backward_case& bc) {
                 bc.dout.view, bc.params.logsumexp,
                 alibi::make_view(o.dq.data(), s.batch, s.hq, s.lq, s.d),
                 alibi::make_view(o.dk.data(), s.batch, s.hkv, s.lk, s.d),
-                alibi::make_view(o.dv.data(), s.batch, s.hkv, s.lk, s.v_dim()), bc.params, dsfv);
+                alibi::make_view(o.dv.data(), s.batch, s.hkv, s.lk, s.v_dim()), bc.params, dsfv,
+                bc.dlse_view());
   (void)dsv;
   for (std::size_t e = 0; e < dsf.size(); ++e) o.dslopes[e] = dsf[e];
 
@@ -380,11 +468,16 @@ backward_oracle make_oracle(backward_case& bc) {
           dp[j] = x;
           delta += pr[j] * x;
         }
+        // A loss on the logsumexp: dS_ij = P_ij (dP_ij - D_i + dlse_i).
+        const float g_lse = bc.dlse_at(b, h, i);
+        const double delta_abs = std::abs(delta) + std::abs(g_lse);
+        delta -= g_lse;
         for (index_t j = kr.begin; j < kr.end; ++j) {
           if (p.key_excluded(b, j)) continue;
           const float ds = pr[j] * (dp[j] - delta);
-          // |dS| with its inputs' sizes: P (|dP| + |D|), the size of the terms that cancel.
-          const double ds_abs = static_cast<double>(pr[j]) * (std::abs(dp[j]) + std::abs(delta));
+          // |dS| with its inputs' sizes: P (|dP| + |D| + |dlse|), the size of the terms that
+          // cancel.
+          const double ds_abs = static_cast<double>(pr[j]) * (std::abs(dp[j]) + delta_abs);
           const index_t qp = p.q_offset(b) + i, kp = p.k_offset(b) + j;
           const double dist = static_cast<double>(qp > kp ? qp - kp : kp - qp);
           nds[static_cast<std::size_t>(sr * s.hq + h)] -= static_cast<double>(ds) * dist;
@@ -769,6 +862,18 @@ TEST_CASE("backward: every bad argument is an alibi::error naming it", "[backwar
                   alibi::make_view(d1.data(), 1, 2, 8, 4), alibi::make_view(d2.data(), 1, 2, 8, 4),
                   alibi::make_view(d3.data(), 1, 2, 8, 4), c.p);
   });
+  std::vector<float> g_lse(16);
+  expect(
+      "dlogsumexp must have the logsumexp's shape (batch, q_heads, q_len) = (1, 2, 8), but "
+      "extent(2) is 7",
+      [&] {
+        backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk), v(dv),
+                      c.p, {}, alibi::make_view<const float>(g_lse.data(), 1, 2, 7));
+      });
+  expect("dq and dlogsumexp share memory", [&] {
+    backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq), v(dk), v(dv), c.p,
+                  {}, alibi::make_view<const float>(dq.data() + 8, 1, 2, 8));
+  });
   CHECK(can_implement_backward_with(be, v(c.q), v(c.k), v(c.v), v(c.out), v(c.dout), lse, v(dq),
                                     v(dk), v(dv), c.p));
   (void)small;
@@ -789,21 +894,25 @@ TEST_CASE("backward: fully masked rows, keys past lengths and padded rows get ze
   s.lengths = true;
   s.window_left = 0;
   s.window_right = 0;
-  s.seed = 3;
-  backward_case bc(s);
-  grads g(s, 1234.5f);
-  bc.run(alibi::backend::eigen{2}, g);
-  const backward_oracle o = make_oracle(bc);
-  check_against_oracle(bc, o, g);
-  // Entry 1 has every key masked: all its gradients are exactly 0.
-  for (index_t h = 0; h < s.hq; ++h)
-    for (index_t i = 0; i < s.lq; ++i)
-      for (index_t d = 0; d < s.d; ++d) CHECK(g.dq.view(1, h, i, d) == 0.0f);
-  for (index_t j = 0; j < s.lk; ++j)
-    for (index_t d = 0; d < s.d; ++d) {
-      CHECK(g.dk.view(1, 0, j, d) == 0.0f);
-      CHECK(g.dv.view(1, 0, j, d) == 0.0f);
-    }
+  // Seed 4 also passes a gradient of the logsumexp: rows without keys ignore it.
+  for (std::uint64_t seed : {3, 4}) {
+    s.seed = seed;
+    INFO("seed " << seed);
+    backward_case bc(s);
+    grads g(s, 1234.5f);
+    bc.run(alibi::backend::eigen{2}, g);
+    const backward_oracle o = make_oracle(bc);
+    check_against_oracle(bc, o, g);
+    // Entry 1 has every key masked: all its gradients are exactly 0.
+    for (index_t h = 0; h < s.hq; ++h)
+      for (index_t i = 0; i < s.lq; ++i)
+        for (index_t d = 0; d < s.d; ++d) CHECK(g.dq.view(1, h, i, d) == 0.0f);
+    for (index_t j = 0; j < s.lk; ++j)
+      for (index_t d = 0; d < s.d; ++d) {
+        CHECK(g.dk.view(1, 0, j, d) == 0.0f);
+        CHECK(g.dv.view(1, 0, j, d) == 0.0f);
+      }
+  }
 }
 
 TEST_CASE("backward: split keys (few heads, long keys) equal the reference", "[backward][split]") {

@@ -35,9 +35,7 @@ struct attention_backward_impl<backend::eigen> {
   static void run(const backend::eigen& be, const attention_problem& p,
                   const attention_backward_tensors<TQ, TKV, TO, TG, Isa>& t) {
     if constexpr (implemented<TQ, TKV, TO, TG>) {
-      const attention_backward_tensors<float, float, float, float> u{
-          t.q, t.k, t.v, t.out, t.dout, t.lse, t.dq, t.dk, t.dv, t.dslopes};
-      cpu::backward_kernel<float>(be.threads, p, u);
+      cpu::backward_kernel<float>(be.threads, p, t.template with_isa<isa_tag>());
     }
   }
 };

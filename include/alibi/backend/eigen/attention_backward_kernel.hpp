@@ -127,7 +127,7 @@ struct backward_inputs {
   tensor_view<const float, 4> q, k, v, dout;
   tensor_view<const float, 3> lse;
   tensor_view<float, 4> dk, dv;
-  const float* delta = nullptr;   // (B, Hq, Lq) D_i = dO_i . O_i
+  const float* delta = nullptr;   // (B, Hq, Lq) D_i = dO_i . O_i - dlse_i
   const float* lse2 = nullptr;    // (B, Hq, Lq) recomputed base-2 shifted logsumexps, or null
   const float* qnorm = nullptr;   // (B, Hq, Lq) |q_i| rounded up, when skipping
   const float* prefix = nullptr;  // (B, Hkv, grid) key-norm bounds, when skipping
@@ -534,21 +534,35 @@ inline void run_backward(int threads, const attention_problem& p,
     in.suffix = suffix_buf.data();
     in.qnorm = qnorm_buf.data();
   }
-  // Row statistics: D_i = dO_i . O_i, and |q_i| (rounded up) for the skip bound. Padded
-  // rows are never read.
+  // Row statistics: D_i = dO_i . O_i - dlse_i, and |q_i| (rounded up) for the skip bound.
+  // Padded rows are never read. Why dlse_i enters D_i: d lse_i / d s_ij = P_ij, so a loss on
+  // the logsumexp adds P_ij dlse_i to dS_ij = P_ij (dP_ij - D_i).
   float* delta = delta_buf.data();
   float* qnorm = qnorm_buf.data();
+  // With dlse, a row's dS sums to dlse_i instead of 0, so the shifted distances of the
+  // d(slope) sums (dslope_distance) leave out -dlse_i x shift_i per row with keys: summed
+  // here per (batch, head), in double, and added at the end.
+  const bool lse_shift_terms = t.dslopes.data && t.dlse.data;
+  thread_local aligned_buffer<double> lse_shift_buf;
+  if (lse_shift_terms) lse_shift_buf.reserve(static_cast<std::size_t>(B * Hq));
+  double* lse_shift = lse_shift_buf.data();
   parallel_for(nthreads, B * Hq, [&](index_t bh) {
     const index_t b = bh / Hq, h = bh % Hq;
+    double shift_term = 0.0;
     for (index_t i = 0; i < p.len_q(b); ++i) {
       const Eigen::Map<const Eigen::RowVectorXf> o(t.out.ptr(b, h, i), p.v_head_dim);
       const Eigen::Map<const Eigen::RowVectorXf> dO(t.dout.ptr(b, h, i), p.v_head_dim);
-      delta[bh * Lq + i] = o.dot(dO);
+      const float g_lse = t.dlse.data ? t.dlse(b, h, i) : 0.0f;
+      delta[bh * Lq + i] = o.dot(dO) - g_lse;
+      if (lse_shift_terms && t.lse(b, h, i) != neg_inf_f())
+        shift_term += static_cast<double>(g_lse) *
+                      static_cast<double>(p.distance_shift(b, i, p.slope(b, h) < 0.0f));
       if (in.skipping) {
         const Eigen::Map<const Eigen::RowVectorXf> q(t.q.ptr(b, h, i), D);
         qnorm[bh * Lq + i] = static_cast<float>(q.cast<double>().norm() * (1 + 1e-6));
       }
     }
+    if (lse_shift_terms) lse_shift[bh] = shift_term;
   });
   in.delta = delta;
 
@@ -631,9 +645,11 @@ inline void run_backward(int threads, const attention_problem& p,
         double sum = 0.0;
         const index_t b_lo = t.dslopes.extents[0] == 1 ? 0 : r;
         const index_t b_hi = t.dslopes.extents[0] == 1 ? B : r + 1;
-        for (index_t b = b_lo; b < b_hi; ++b)
+        for (index_t b = b_lo; b < b_hi; ++b) {
           for (index_t c = 0; c < splits; ++c)
             sum += dslope_part[((b * Hkv + p.kv_head(h)) * splits + c) * g + h % g];
+          if (lse_shift_terms) sum -= lse_shift[b * Hq + h];
+        }
         t.dslopes(r, h) = static_cast<float>(sum);
       }
 }

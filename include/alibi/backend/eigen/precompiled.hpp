@@ -8,7 +8,8 @@
 #pragma once
 
 #ifndef ALIBI_PRECOMPILED_KERNELS
-#error "alibi/backend/eigen/precompiled.hpp belongs to alibi::kernels: include <alibi/backend/eigen/attention.hpp> and link alibi::kernels (which defines ALIBI_PRECOMPILED_KERNELS)"
+#error \
+    "alibi/backend/eigen/precompiled.hpp belongs to alibi::kernels: include <alibi/backend/eigen/attention.hpp> and link alibi::kernels (which defines ALIBI_PRECOMPILED_KERNELS)"
 #endif
 
 #include <vector>
@@ -82,9 +83,7 @@ template <class T>
 void backward_kernel(int threads, const attention_problem& p,
                      const attention_backward_tensors<T, T, T, T>& t) {
   static_assert(std::is_same<T, float>::value, "alibi::kernels' backward takes float only");
-  const attention_backward_tensors<float, float, float, float, kernels_entry_tag> u{
-      t.q, t.k, t.v, t.out, t.dout, t.lse, t.dq, t.dk, t.dv, t.dslopes};
-  kernels_entry::backward(threads, p, u);
+  kernels_entry::backward(threads, p, t.template with_isa<kernels_entry_tag>());
 }
 
 template <class T>

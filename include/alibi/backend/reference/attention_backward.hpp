@@ -87,10 +87,11 @@ struct attention_backward_impl<backend::reference> {
           for (index_t i = 0; i < lq; ++i) {
             const double* row = prob.data() + i * Lk;
             const char* ok = allowed.data() + i * Lk;
-            // dP_ij = dO_i . v_j; D_i = sum_j P_ij dP_ij (= dO_i . O_i).
+            // dP_ij = dO_i . v_j; D_i = sum_j P_ij dP_ij (= dO_i . O_i), less d loss / d lse_i
+            // (d lse_i / d s_ij = P_ij).
             std::vector<double> dp(static_cast<std::size_t>(Lk), 0.0);
             std::vector<double> dq(static_cast<std::size_t>(D), 0.0);
-            double delta = 0;
+            double delta = t.dlse.data ? -static_cast<double>(t.dlse(b, h, i)) : 0.0;
             for (index_t j = 0; j < Lk; ++j) {
               if (!ok[j]) continue;
               double x = 0;
