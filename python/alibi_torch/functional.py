@@ -9,6 +9,8 @@ from torch.autograd.function import once_differentiable
 from . import _library  # noqa: F401  (registers torch.ops.alibi)
 
 _ops = torch.ops.alibi
+_HALF_TYPES = (torch.float16, torch.bfloat16)
+_FUSED_TYPES = (torch.float32,) + _HALF_TYPES  # the dtypes the fused kernels read
 
 
 def get_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
@@ -47,28 +49,38 @@ def _window(window) -> Tuple[int, int]:
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """q, k, v in (batch, heads, seq, dim) views; cfg: the operator's remaining arguments. Saves
-    q, k, v, out and the logsumexp (nothing seq x seq); the backward is alibi's fused backward."""
+    """q, k, v in (batch, heads, seq, dim) views, q float32 or float64; cfg: the operator's
+    remaining arguments. Saves q, k, v, out and the logsumexp (nothing seq x seq); the backward
+    is alibi's fused backward, which takes one dtype: float16/bfloat16 k and v are widened to
+    q's float32 there, and their gradients narrowed back."""
 
     @staticmethod
     def forward(ctx, q, k, v, slopes, cfg):
         out, lse = _ops.forward(q, k, v, slopes, *cfg)
-        ctx.mark_non_differentiable(lse)
+        # Gradients that do not arrive stay None: a loss on out alone runs no pass over a
+        # zero dlse, and a loss on the logsumexp alone gets a zero dout.
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, slopes)
         ctx.cfg = cfg
         return out, lse
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse, slopes = ctx.saved_tensors
         want_dslopes = slopes is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dslopes = _ops.backward(dout, q, k, v, out, lse, slopes, *ctx.cfg, want_dslopes)
+        if dout is None:
+            dout = torch.zeros_like(out)
+        k_wide, v_wide = (k, v) if k.dtype == q.dtype else (k.to(q.dtype), v.to(q.dtype))
+        if dlse is not None:
+            dlse = dlse.to(torch.float32)
+        dq, dk, dv, dslopes = _ops.backward(dout, q, k_wide, v_wide, out, lse, slopes, *ctx.cfg,
+                                            want_dslopes, dlse)
         if want_dslopes:
             dslopes = dslopes.reshape(slopes.shape).to(slopes.dtype)
         else:
             dslopes = None
-        return dq, dk, dv, dslopes, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), dslopes, None
 
 
 def _caller_names(message: str, lengths_given: bool, blhd: bool) -> str:
@@ -98,8 +110,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
       ``(batch, kv_heads, k_len, v_dim)`` for ``layout="bhld"``; ``"blhd"`` swaps the heads and
       sequence dimensions (the layout of a projection's output viewed as heads). kv_heads divides
       q_heads (GQA/MQA). Any strides are read in place; only a strided last dimension is copied.
-    - float32 runs on alibi's fused CPU kernels, float64 on its double-precision reference. For
-      inference, k and v may be float16 or bfloat16 with q float32 (fused kernels, forward only).
+    - float32 runs on alibi's fused CPU kernels, float64 on its double-precision reference.
+      float16 and bfloat16 run on the fused kernels too: k and v are read as they are, q is
+      widened to float32, out is returned in q's dtype, and the backward computes in float32
+      and returns each gradient in its input's dtype.
     - Query rows are aligned to the end of the keys (row i has position k_len - q_len + i).
     - ``slopes``: ``(q_heads,)`` or ``(batch, q_heads)``; may require grad (trainable slopes).
       Default: the paper's slopes from ``max_bias``. ``alibi=False``: no bias.
@@ -112,8 +126,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
       (output change below 2^-24 max|v|; docs/far-tile-skipping.md).
     - ``threads``: default ``torch.get_num_threads()``.
 
-    Returns out in q's layout (and the float32 logsumexp ``(batch, q_heads, q_len)``, natural log,
-    not differentiable, with ``return_lse=True``)."""
+    Returns out in q's layout and dtype (and, with ``return_lse=True``, the float32 logsumexp
+    ``(batch, q_heads, q_len)``, natural log, differentiable too)."""
     if layout not in ("bhld", "blhd"):
         raise ValueError(f"alibi: layout must be 'bhld' or 'blhd', got {layout!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -143,11 +157,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         raise ValueError(f"alibi: threads must be a positive int, got {threads!r}")
     cfg = (bool(alibi), float(max_bias), None if scale is None else float(scale), bool(causal), left, right,
            key_padding_mask, q_lengths, k_lengths, bool(skip_far_tiles), int(threads), blhd)
+    out_dtype = q.dtype
+    if q.dtype in _HALF_TYPES and k.dtype in _FUSED_TYPES and v.dtype in _FUSED_TYPES:
+        # Why widen q (a copy of q only): the fused kernels take q in float32 and read half
+        # precision k and v as they are, widening them in registers.
+        q = q.to(torch.float32)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, slopes))
-    if needs_grad and (k.dtype != q.dtype or v.dtype != q.dtype):
-        raise TypeError(f"alibi: gradients need q, k and v of one dtype (float32 or float64); k and v "
-                        f"in {k.dtype} with q in {q.dtype} are forward only (use torch.no_grad())")
     try:
         if needs_grad:
             out, lse = _AttentionFunction.apply(q, k, v, slopes, cfg)
@@ -157,4 +173,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         raise ValueError(_caller_names(str(e), lengths is not None, blhd)) from None
     if blhd:
         out = out.transpose(1, 2)
+    if out.dtype != out_dtype:
+        out = out.to(out_dtype)
     return (out, lse) if return_lse else out

@@ -141,10 +141,15 @@ at::Tensor empty_bhld(index_t b, index_t h, index_t l, index_t d, bool blhd, at:
 /// that the message names what the Python caller passed.
 std::string python_names(std::string message) {
   static const std::pair<const char*, const char*> names[] = {
-      {"params.key_mask", "key_padding_mask"}, {"params.q_lengths", "q_lengths"},
-      {"params.k_lengths", "k_lengths"},       {"params.slopes.values", "slopes"},
-      {"params.slopes.max_bias", "max_bias"},  {"params.scale", "scale"},
-      {"params.mask.window_left", "window"},   {"params.mask.window_right", "window"}};
+      {"params.key_mask", "key_padding_mask"},
+      {"params.q_lengths", "q_lengths"},
+      {"params.k_lengths", "k_lengths"},
+      {"params.slopes.values", "slopes"},
+      {"params.slopes.max_bias", "max_bias"},
+      {"params.scale", "scale"},
+      {"params.mask.window_left", "window"},
+      {"params.mask.window_right", "window"},
+      {"dlogsumexp", "dlse"}};
   for (const auto& [from, to] : names)
     for (std::size_t at = message.find(from); at != std::string::npos;
          at = message.find(from, at + std::char_traits<char>::length(to)))
@@ -213,7 +218,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     c10::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
     const c10::optional<at::Tensor>& key_padding_mask, const c10::optional<at::Tensor>& q_lengths,
     const c10::optional<at::Tensor>& k_lengths, bool skip_far_tiles, int64_t threads,
-    bool grads_blhd, bool want_dslopes) {
+    bool grads_blhd, bool want_dslopes, const c10::optional<at::Tensor>& dlse) {
   const at::ScalarType dtype = q_in.scalar_type();
   const at::Tensor q = attention_operand(q_in, "q", q_in, "q");
   const at::Tensor k = attention_operand(k_in, "k", k_in, "k");
@@ -227,6 +232,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   call_config c = make_config(B, Hq, slopes, alibi_enabled, max_bias, scale, causal, window_left,
                               window_right, key_padding_mask, q_lengths, k_lengths, skip_far_tiles);
   c.params.logsumexp = view_of<float, 3>(lse);
+  if (dlse) {
+    check_cpu(*dlse, "dlse");
+    TORCH_CHECK_TYPE(dlse->scalar_type() == at::kFloat, "alibi: dlse (the gradient of the ",
+                     "logsumexp) must be float32, got ", dlse->scalar_type());
+    TORCH_CHECK_VALUE(dlse->dim() == 3, "alibi: dlse (the gradient of the logsumexp) must have ",
+                      "shape (batch, q_heads, q_len), got ", dlse->sizes());
+  }
   at::Tensor dq = empty_bhld(B, Hq, q.size(2), q.size(3), grads_blhd, dtype);
   at::Tensor dk = empty_bhld(B, k.size(1), k.size(2), k.size(3), grads_blhd, dtype);
   at::Tensor dv = empty_bhld(B, v.size(1), v.size(2), v.size(3), grads_blhd, dtype);
@@ -240,6 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     using T = decltype(zero);
     alibi::attention_gradients<T> g{view_of<T, 4>(dq), view_of<T, 4>(dk), view_of<T, 4>(dv)};
     if (want_dslopes) g.dslopes = view_of<float, 2>(dslopes);
+    if (dlse) g.dlogsumexp = view_of<const float, 3>(*dlse);
     alibi::attention_backward(be, view_of<const T, 4>(q), view_of<const T, 4>(k),
                               view_of<const T, 4>(v), view_of<const T, 4>(out),
                               view_of<const T, 4>(dout), c.params, g);
@@ -296,7 +309,7 @@ TORCH_LIBRARY(alibi, m) {
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor? slopes, bool alibi, float max_bias, float? scale, bool causal, int window_left, "
       "int window_right, Tensor? key_padding_mask, Tensor? q_lengths, Tensor? k_lengths, "
-      "bool skip_far_tiles, int threads, bool grads_blhd, bool want_dslopes) "
+      "bool skip_far_tiles, int threads, bool grads_blhd, bool want_dslopes, Tensor? dlse) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def("slopes(int num_heads, float max_bias) -> Tensor");
   m.def("_time_direct(Tensor q, Tensor k, Tensor v, bool causal, int threads, int reps) -> float");

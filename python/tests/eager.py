@@ -17,9 +17,10 @@ def paper_slopes(num_heads, max_bias=8.0):
 
 
 def eager_attention(q, k, v, *, causal=True, slopes=None, alibi=True, scale=None, window=(-1, -1),
-                    key_padding_mask=None, q_lengths=None, k_lengths=None):
+                    key_padding_mask=None, q_lengths=None, k_lengths=None, return_lse=False):
     """q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) in any float dtype; computes in that
-    dtype. slopes: (Hq,) or (B, Hq) or None (the paper's)."""
+    dtype. slopes: (Hq,) or (B, Hq) or None (the paper's). With return_lse, also the rows'
+    logsumexps (B, Hq, Lq), -inf for rows without keys and padded rows."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     dtype = q.dtype
@@ -36,6 +37,7 @@ def eager_attention(q, k, v, *, causal=True, slopes=None, alibi=True, scale=None
     ql = torch.full((B,), Lq) if q_lengths is None else q_lengths.to(torch.long)
     kl = torch.full((B,), Lk) if k_lengths is None else k_lengths.to(torch.long)
     out = torch.zeros(B, Hq, Lq, v.shape[-1], dtype=dtype)
+    lse = torch.full((B, Hq, Lq), float("-inf"), dtype=dtype)
     for b in range(B):
         nq, nk = int(ql[b]), int(kl[b])
         if nq == 0:
@@ -59,4 +61,5 @@ def eager_attention(q, k, v, *, causal=True, slopes=None, alibi=True, scale=None
         row_has_key = allowed.any(dim=1)  # (nq,)
         probs = torch.softmax(scores, dim=-1).masked_fill(~row_has_key[None, :, None], 0.0)
         out[b, :, :nq] = torch.bmm(probs, v[b, :, :nk])
-    return out
+        lse[b, :, :nq] = torch.logsumexp(scores, dim=-1)
+    return (out, lse) if return_lse else out

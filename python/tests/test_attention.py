@@ -230,6 +230,96 @@ class HalfPrecisionKV(unittest.TestCase):
                     self.assertLessEqual(max_err(got, ref), 1e-5)
 
 
+class HalfPrecision(unittest.TestCase):
+    """q, k and v all float16 or bfloat16, with gradients. alibi computes in float32 (q widened,
+    k and v read as they are) and rounds once to the dtype, so against float64 on the same values
+    its error is at most the float32 tolerance rule's bound (the eager float32 computation on the
+    widened values as the naive one) plus the dtype's unit roundoff at the tensor's scale."""
+
+    def test_forward_and_gradients(self):
+        gen = torch.Generator().manual_seed(10)
+        c = Case("half", B=2, Hq=8, Hkv=2, Lq=150, Lk=150, D=64)
+        for dtype, unit in ((torch.float16, 2.0**-11), (torch.bfloat16, 2.0**-8)):
+            for layout in ("bhld", "blhd"):
+                with self.subTest(dtype=dtype, layout=layout):
+                    q, k, v = (t.to(dtype) for t in c.tensors(torch.float32, gen))
+                    dout = torch.randn(c.B, c.Hq, c.Lq, c.D, generator=gen).to(dtype)
+
+                    def ours(q, k, v):
+                        if layout == "blhd":
+                            return alibi_torch.attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                         v.transpose(1, 2), layout="blhd").transpose(1, 2)
+                        return alibi_torch.attention(q, k, v)
+
+                    def grads(fn, q, k, v):
+                        q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+                        out = fn(q, k, v)
+                        out.backward(dout.to(out.dtype))
+                        return [out, q.grad, k.grad, v.grad]
+
+                    got = grads(ours, q, k, v)
+                    ref = grads(eager_attention, q.double(), k.double(), v.double())
+                    naive = grads(eager_attention, q.float(), k.float(), v.float())
+                    for name, g, r, n in zip(["out", "dq", "dk", "dv"], got, ref, naive):
+                        self.assertEqual(g.dtype, dtype, name)
+                        self.assertFalse(torch.isnan(g).any().item(), name)
+                        bound = tolerance_bound(g, r, n) + unit * r.abs().max().item()
+                        self.assertLessEqual(max_err(g, r), bound, name)
+
+
+class LogsumexpGradient(unittest.TestCase):
+    """A loss on the logsumexp (return_lse=True): its gradient reaches q, k and the slopes. Against
+    the eager computation's torch.logsumexp in float64 under the tolerance rule (the eager float32
+    computation as the naive one), for a loss on the output and the logsumexp and one on the
+    logsumexp alone (dv exactly 0)."""
+
+    def test_against_eager(self):
+        cases = [
+            Case("causal, GQA 4:2", B=2, Hq=4, Hkv=2, Lq=60, Lk=60, D=32),
+            Case("not causal, q_len < k_len", B=2, Hq=4, Hkv=4, Lq=20, Lk=90, D=32, causal=False),
+            Case("window 9, lengths", B=2, Hq=4, Hkv=1, Lq=70, Lk=70, D=16, window=(9, -1),
+                 q_lengths=torch.tensor([70, 41]), k_lengths=torch.tensor([70, 41])),
+        ]
+        slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+        for c in cases:
+            for with_out in (True, False):
+                with self.subTest(c.name, with_out=with_out):
+                    gen = torch.Generator().manual_seed(11)
+                    q32, k32, v32 = c.tensors(torch.float32, gen)
+                    dout = torch.randn(c.B, c.Hq, c.Lq, c.Dv, generator=gen)
+                    w = torch.randn(c.B, c.Hq, c.Lq, generator=gen)
+                    lengths = c.kw.get("q_lengths")
+                    if lengths is not None:  # padded rows have lse -inf: no loss on them
+                        w *= (torch.arange(c.Lq)[None, :] < lengths[:, None]).to(w.dtype)[:, None, :]
+
+                    def grads(q, k, v, s, fn):
+                        q, k, v, s = (t.detach().clone().requires_grad_() for t in (q, k, v, s))
+                        out, lse = fn(q, k, v, s)
+                        lse = lse.to(q.dtype).masked_fill(w == 0, 0.0)
+                        loss = (lse * w.to(q.dtype)).sum()
+                        if with_out:
+                            loss = loss + (out * dout.to(q.dtype)).sum()
+                        loss.backward()
+                        # Without a loss on out, v gets no gradient in the eager graph: zeros.
+                        dv = torch.zeros_like(v) if v.grad is None else v.grad
+                        return [lse, q.grad, k.grad, dv, s.grad]
+
+                    def ours(q, k, v, s):
+                        return alibi_torch.attention(q, k, v, slopes=s, return_lse=True, **c.kw)
+
+                    def eager(q, k, v, s):
+                        return eager_attention(q, k, v, slopes=s, return_lse=True, **c.kw)
+
+                    got = grads(q32, k32, v32, slopes, ours)
+                    ref = grads(q32.double(), k32.double(), v32.double(), slopes.double(), eager)
+                    naive = grads(q32, k32, v32, slopes, eager)
+                    for name, g, r, n in zip(["lse", "dq", "dk", "dv", "dslopes"], got, ref, naive):
+                        self.assertFalse(torch.isnan(g).any().item(), name)
+                        self.assertLessEqual(max_err(g, r), tolerance_bound(g, r, n), name)
+                    if not with_out:
+                        self.assertEqual(got[3].abs().max().item(), 0.0)
+
+
 class NaNInPadding(unittest.TestCase):
     """Memory alibi must not read (rows past q_lengths, keys past k_lengths, masked keys) holds NaN:
     valid outputs and gradients equal those without NaN, and padded gradients are zeros."""
@@ -280,11 +370,11 @@ class Errors(unittest.TestCase):
             alibi_torch.attention(args["q"], args["k"], args["v"], **kw)
 
     def test_dtypes(self):
-        self.raises(TypeError, "all float32 .* got q Half, k and v Half", q=self.q.half(), k=self.k.half(), v=self.v.half())
+        self.raises(TypeError, "all float32 .* got q Half, k and v Double", q=self.q.half(), k=self.k.double(),
+                    v=self.v.double())
         self.raises(TypeError, "got q Float, k and v Double", k=self.k.double(), v=self.v.double())
         self.raises(TypeError, "v has dtype Float but k has Double", k=self.k.double())
         self.raises(TypeError, "got q Double, k and v Half", q=self.q.double(), k=self.k.half(), v=self.v.half())
-        self.raises(TypeError, "forward only", q=self.q.clone().requires_grad_(), k=self.k.half(), v=self.v.half())
         self.raises(TypeError, "key_padding_mask must be a bool", key_padding_mask=torch.zeros(2, 6))
         self.raises(TypeError, "q_lengths must be an int64 or int32", q_lengths=torch.ones(2), k_lengths=None)
         self.raises(TypeError, "must be a torch.Tensor", q=[1.0])
