@@ -207,7 +207,7 @@ status check_kv(const std::string& f, const paged_kv<T>& kv, index_t num_seqs, i
     if (n < 0 || n >= ragged_max_tokens)
       return status::failure(f + ": kv context length of sequence " + str(s) +
                              " must be in [0, 2^24), got " + str(n));
-    const index_t pages = (n + ps - 1) / ps;
+    const index_t pages = n == 0 ? 0 : (n - 1) / ps + 1;  // n + ps - 1 may not fit
     if (pages > max_pages)
       return status::failure(f + ": sequence " + str(s) + " holds " + str(n) + " tokens, " +
                              str(pages) + " pages of " + str(ps) +

@@ -832,3 +832,87 @@ TEST_CASE("ragged: a NaN in a V row reaches exactly the rows that see its key", 
     CHECK(nan_rows < nc.q_len);  // the case has rows that must stay finite
   }
 }
+
+TEST_CASE(
+    "ragged: with a NaN scale, one call for the batch or one per sequence is bitwise the "
+    "same",
+    "[ragged][edge]") {
+  // 16 decode rows of 16 KV heads: the batch call puts all heads of a sequence in one work
+  // item, a call for one sequence one head per item. A NaN V scale (page 0, slot 0, KV head
+  // 0) makes head 0 of sequence 0 NaN; the other heads must not take its careful path.
+  const index_t S = 16, H = 16, D = 8, page = 16, per_seq = 3, pages = S * per_seq, ctx = 40;
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> q8(-127, 127);
+  std::uniform_real_distribution<float> u(0.005f, 0.025f), n(-1.0f, 1.0f);
+  std::vector<std::int8_t> k(static_cast<std::size_t>(pages * page * H * D)), v(k.size());
+  for (auto* x : {&k, &v})
+    for (std::int8_t& e : *x) e = static_cast<std::int8_t>(q8(rng));
+  std::vector<float> ks(static_cast<std::size_t>(pages * page * H)), vs(ks.size());
+  for (auto* x : {&ks, &vs})
+    for (float& e : *x) e = u(rng);
+  vs[0] = nan_f;
+  std::vector<std::int32_t> table(static_cast<std::size_t>(pages));
+  std::iota(table.begin(), table.end(), 0);
+  const std::vector<std::int64_t> lens(static_cast<std::size_t>(S), ctx);
+  std::vector<float> q(static_cast<std::size_t>(S * H * D));
+  for (float& e : q) e = n(rng);
+  std::vector<index_t> cu(static_cast<std::size_t>(S + 1));
+  std::iota(cu.begin(), cu.end(), index_t{0});
+  alibi::paged_kv<std::int8_t> kv;
+  kv.k = alibi::make_view<const std::int8_t>(k.data(), pages, page, H, D);
+  kv.v = alibi::make_view<const std::int8_t>(v.data(), pages, page, H, D);
+  kv.k_scales = alibi::make_view<const float>(ks.data(), pages, page, H);
+  kv.v_scales = alibi::make_view<const float>(vs.data(), pages, page, H);
+  kv.block_table = alibi::make_view<const std::int32_t>(table.data(), S, per_seq);
+  kv.context_lens = alibi::make_view(lens.data(), S);
+  alibi::attention_params p;
+  p.mask.causal = true;
+  alibi::attention_stats batch_stats, solo_stats;
+  p.stats = &batch_stats;
+  std::vector<float> batch(q.size()), solo(static_cast<std::size_t>(H * D));
+  alibi::ragged_attention(alibi::backend::eigen{1},
+                          alibi::make_view<const float>(q.data(), S, H, D),
+                          alibi::make_view<const index_t>(cu.data(), S + 1), kv,
+                          alibi::make_view(batch.data(), S, H, D), p);
+  alibi::paged_kv<std::int8_t> one = kv;
+  one.block_table = alibi::make_view<const std::int32_t>(table.data(), 1, per_seq);
+  one.context_lens = alibi::make_view(lens.data(), 1);
+  p.stats = &solo_stats;
+  alibi::ragged_attention(alibi::backend::eigen{1},
+                          alibi::make_view<const float>(q.data(), 1, H, D),
+                          alibi::make_view<const index_t>(cu.data(), 2), one,
+                          alibi::make_view(solo.data(), 1, H, D), p);
+  for (index_t h = 0; h < H; ++h)
+    for (index_t e = 0; e < D; ++e) {
+      const float a = batch[static_cast<std::size_t>(h * D + e)];
+      const float b = solo[static_cast<std::size_t>(h * D + e)];
+      INFO("head " << h << ", element " << e << ": " << a << " and " << b);
+      CHECK(std::isnan(a) == (h == 0));
+      CHECK(std::memcmp(&a, &b, sizeof a) == 0);
+    }
+  // Sequence 0's tiles are counted once in the batch call, as in its own call.
+  CHECK(batch_stats.tiles_computed == S * solo_stats.tiles_computed);
+}
+
+TEST_CASE("ragged: a page size whose page count would overflow is refused, not read",
+          "[ragged][validation]") {
+  // No pages of 2^63 - 1 tokens: the view holds no element, so it passes check_view; the
+  // page count of a 2-token context must not wrap (and skip the block table's check).
+  const std::vector<float> q(2 * 4, 1.0f);
+  std::vector<float> out(q.size());
+  const std::vector<index_t> cu = {0, 2};
+  const std::vector<std::int64_t> lens = {2};
+  alibi::paged_kv<float> kv;
+  const index_t huge = std::numeric_limits<index_t>::max();
+  kv.k = alibi::make_strided_view<const float, 4>(nullptr, {0, huge, 1, 4}, {0, 0, 0, 1});
+  kv.v = kv.k;
+  kv.block_table = alibi::make_view<const std::int32_t>(nullptr, 1, 0);
+  kv.context_lens = alibi::make_view(lens.data(), 1);
+  alibi::attention_params p;
+  p.mask.causal = true;
+  REQUIRE_THROWS_WITH(alibi::ragged_attention(alibi::backend::eigen{1},
+                                              alibi::make_view<const float>(q.data(), 2, 1, 4),
+                                              alibi::make_view<const index_t>(cu.data(), 2), kv,
+                                              alibi::make_view(out.data(), 2, 1, 4), p),
+                      Catch::Contains("beyond kv.block_table's max_pages_per_seq = 0"));
+}

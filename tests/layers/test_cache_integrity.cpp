@@ -200,17 +200,25 @@ TEST_CASE("paged_kv_cache: append refuses K/V views that are not memory", "[laye
   REQUIRE(cache.length(0) == 0);
 }
 
-TEST_CASE("paged_kv_cache: int8 rows too small for a scale read back as zeros", "[layers][cache]") {
+TEST_CASE("paged_kv_cache: int8 rows of subnormal magnitude stay within scale / 2",
+          "[layers][cache]") {
+  using cache = alibi::paged_kv_cache<std::int8_t>;
   std::vector<std::int8_t> q(4, 5);
-  // max|x| / 127 rounds to 0 below about 8.9e-44.
-  const float tiny[] = {1e-44f, -2e-44f, 0.0f, 3e-45f};
-  REQUIRE(alibi::paged_kv_cache<std::int8_t>::quantize_int8(tiny, 1, 4, q.data()) == 0.0f);
+  const float zeros[] = {0.0f, -0.0f, 0.0f, 0.0f};
+  REQUIRE(cache::quantize_int8(zeros, 1, 4, q.data()) == 0.0f);
   for (const std::int8_t e : q) REQUIRE(e == 0);
-  // The smallest rows that keep a scale stay within max|x| / 254 (plus a rounding).
-  const float small[] = {1e-40f, -5e-41f, 0.0f, 2.5e-41f};
-  const float s = alibi::paged_kv_cache<std::int8_t>::quantize_int8(small, 1, 4, q.data());
-  REQUIRE(s > 0.0f);
-  for (int e = 0; e < 4; ++e)
-    REQUIRE(std::fabs(static_cast<float>(q[static_cast<std::size_t>(e)]) * s - small[e]) <=
-            1e-40f / 254.0f * 1.01f + std::numeric_limits<float>::denorm_min());
+  // Rows whose max|x| is m x 2^-149: their scale is subnormal, on a grid of 2^-149. Every
+  // element reads back within scale / 2 (subnormal products of an int8 and a subnormal are
+  // exact), and the scale is at most one grid step above max|x| / 127.
+  const float unit = std::numeric_limits<float>::denorm_min();
+  for (int m = 1; m < 40000; m += (m < 400 ? 1 : 97)) {
+    const float amax = static_cast<float>(m) * unit;
+    const float row[] = {amax, -amax / 2, amax / 3, -static_cast<float>(m / 7) * unit};
+    const float s = cache::quantize_int8(row, 1, 4, q.data());
+    INFO("m = " << m << ", scale = " << s / unit << " x 2^-149");
+    REQUIRE(s >= amax / 127.0f);
+    REQUIRE(s <= amax / 127.0f + unit);
+    for (int e = 0; e < 4; ++e)
+      REQUIRE(std::fabs(static_cast<float>(q[static_cast<std::size_t>(e)]) * s - row[e]) <= s / 2);
+  }
 }

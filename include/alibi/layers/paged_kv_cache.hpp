@@ -396,7 +396,9 @@ class paged_kv_cache {
                                  ": every one of the max_seqs = " + std::to_string(max_seqs_) +
                                  " sequence slots is taken"));
   }
-  index_t pages_for(index_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
+  index_t pages_for(index_t tokens) const {
+    return tokens <= 0 ? 0 : (tokens - 1) / page_size_ + 1;  // tokens + page_size_ - 1 may not fit
+  }
   /// Whether the sequence's last page is partly filled and shared with another sequence
   /// (the next append copies it first).
   bool shares_last_page(index_t seq) const {
@@ -464,13 +466,13 @@ class paged_kv_cache {
  public:
   /// int8 quantization of one row (one token, one KV head): symmetric, scale = max|x| / 127,
   /// x_q = round(x / scale). Each element is then within scale / 2 = max|x| / 254 of x
-  /// (plus one float rounding of x_q * scale). A row of zeros gets scale 0, and so does a row
-  /// with max|x| below about 8.9e-44 (it reads back as zeros); a row with a
-  /// non-finite value gets a NaN scale, so that it reads back as NaN (and propagates as a
-  /// NaN key or value does). Why per (token, head) rather than per block of 32 values: one
-  /// scale per gathered row keeps the dequantization a single multiply in the tile loop and
-  /// costs 4 bytes per head_dim bytes (3% at 128), and the bound relative to the row's own
-  /// maximum is what attention needs: a score's error is at most scale/2 * sum|q|.
+  /// (plus one float rounding of x_q * scale); below max|x| = 127 x FLT_MIN the scale is
+  /// subnormal, rounded up to its grid of 2^-149, and the bound is scale / 2 itself. A row of
+  /// zeros gets scale 0; a row with a non-finite value gets a NaN scale, so that it reads back as
+  /// NaN (and propagates as a NaN key or value does). Why per (token, head) rather than per block
+  /// of 32 values: one scale per gathered row keeps the dequantization a single multiply in the
+  /// tile loop and costs 4 bytes per head_dim bytes (3% at 128), and the bound relative to the
+  /// row's own maximum is what attention needs: a score's error is at most scale/2 * sum|q|.
   static float quantize_int8(const float* src, index_t stride, index_t n, T* dst) {
     float amax = 0.0f;
     bool finite = true;
@@ -483,17 +485,20 @@ class paged_kv_cache {
       std::fill_n(dst, n, T{});
       return detail::nan_f();
     }
-    // A row of zeros, or one so small (max|x| below about 8.9e-44, 63.5 times the smallest
-    // subnormal) that its scale rounds to 0, is stored as zeros with scale 0: within max|x|
-    // of x, and no division by a zero scale.
-    float scale = amax / 127.0f;
-    // Rounded up near float's top, 127 * scale would read back as inf: one step down keeps
-    // every stored row finite (the clamp to 127 below absorbs the step).
-    if (!std::isfinite(127.0f * scale)) scale = std::nextafter(scale, 0.0f);
-    if (scale == 0.0f) {
+    // A row of zeros is stored as zeros with scale 0 (no division by a zero scale).
+    if (amax == 0.0f) {
       std::fill_n(dst, n, T{});
       return 0.0f;
     }
+    float scale = amax / 127.0f;
+    // Why round up: a subnormal scale lies on a grid of 2^-149; rounded down, max|x| / scale
+    // passes 127 by far and the clamp below loses up to a third of the value. Rounded up,
+    // every element stays within scale / 2.
+    if (127.0f * scale < amax)
+      scale = std::nextafter(scale, std::numeric_limits<float>::infinity());
+    // Rounded up near float's top, 127 * scale would read back as inf: one step down keeps
+    // every stored row finite (the clamp to 127 below absorbs the step).
+    if (!std::isfinite(127.0f * scale)) scale = std::nextafter(scale, 0.0f);
     for (index_t e = 0; e < n; ++e) {
       const float r = std::nearbyint(src[e * stride] / scale);
       dst[e] = static_cast<T>(std::min(127.0f, std::max(-127.0f, r)));

@@ -423,12 +423,14 @@ void ragged_kernel(int threads, const ragged_problem& rp, const tensor_view<cons
                                prefix.data() + prefix_at[static_cast<std::size_t>(s)]);
   }
   std::atomic<std::int64_t> computed{0}, skipped{0};
-  // Whether an item's output rows and logsumexps are all finite: finite inputs always give
-  // finite results, so otherwise the item is computed again on the careful path.
-  auto item_finite = [&](const item& it) {
+  // Whether KV head g's output rows and logsumexps in an item are all finite: finite inputs
+  // always give finite results, so otherwise that head is computed again on the careful
+  // path. Per head, so that which heads share an item (it depends on the whole batch)
+  // changes no bit of a head's result.
+  auto head_finite = [&](const item& it, index_t g) {
     const index_t G = p.group_size(), r0 = rp.row0(it.s);
     for (index_t i = it.i0; i < it.i1; ++i)
-      for (index_t h = it.g0 * G; h < it.g1 * G; ++h) {
+      for (index_t h = g * G; h < (g + 1) * G; ++h) {
         if (!all_finite(out.ptr(r0 + i, h), 0, 1, p.v_head_dim)) return false;
         if (rp.lse.data && std::isnan(rp.lse(0, h, r0 + i))) return false;
       }
@@ -440,10 +442,16 @@ void ragged_kernel(int threads, const ragged_problem& rp, const tensor_view<cons
     const index_t at = prefix_at[static_cast<std::size_t>(it.s)];
     const float* norms = at >= 0 ? prefix.data() + at : nullptr;
     ragged_item(rp, q, kv, out, norms, it.s, it.g0, it.g1, it.i0, it.i1, false, c, sk);
-    if (!item_finite(it)) {
-      c = sk = 0;
-      ragged_item(rp, q, kv, out, norms, it.s, it.g0, it.g1, it.i0, it.i1, true, c, sk);
-    }
+    for (index_t g = it.g0; g < it.g1; ++g)
+      if (!head_finite(it, g)) {
+        // The head's tiles are counted once, by its careful pass: take back its first
+        // pass's count (the same tiles, counted by a pass over this head alone).
+        std::int64_t c1 = 0, sk1 = 0;
+        ragged_item(rp, q, kv, out, norms, it.s, g, g + 1, it.i0, it.i1, false, c1, sk1);
+        c -= c1;
+        sk -= sk1;
+        ragged_item(rp, q, kv, out, norms, it.s, g, g + 1, it.i0, it.i1, true, c, sk);
+      }
     computed += c;
     skipped += sk;
   });
