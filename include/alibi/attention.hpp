@@ -277,17 +277,16 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
     return s;
 
   // The outputs are written, row blocks in parallel, while every other argument is read.
+  auto disjoint = [&](const char* written, const auto& w) {
+    return check_disjoint_from(fn, written, w, "q", q, "k", k, "v", v, "params.key_norm_bounds",
+                               p.key_norm_bounds, "params.key_mask", p.key_mask,
+                               "params.slopes.values", p.slopes.values, "params.q_lengths",
+                               p.q_lengths, "params.k_lengths", p.k_lengths, "params.q_offsets",
+                               p.q_offsets, "params.k_offsets", p.k_offsets);
+  };
   for (const status& s :
-       {check_disjoint_from(fn, "out", out, "q", q, "k", k, "v", v, "params.logsumexp", p.logsumexp,
-                            "params.key_norm_bounds", p.key_norm_bounds, "params.key_mask",
-                            p.key_mask, "params.slopes.values", p.slopes.values, "params.q_lengths",
-                            p.q_lengths, "params.k_lengths", p.k_lengths, "params.q_offsets",
-                            p.q_offsets, "params.k_offsets", p.k_offsets),
-        check_disjoint_from(fn, "params.logsumexp", p.logsumexp, "q", q, "k", k, "v", v,
-                            "params.key_norm_bounds", p.key_norm_bounds, "params.key_mask",
-                            p.key_mask, "params.slopes.values", p.slopes.values, "params.q_lengths",
-                            p.q_lengths, "params.k_lengths", p.k_lengths, "params.q_offsets",
-                            p.q_offsets, "params.k_offsets", p.k_offsets)})
+       {disjoint("out", out), check_disjoint(fn, "out", out, "params.logsumexp", p.logsumexp),
+        disjoint("params.logsumexp", p.logsumexp)})
     if (!s) return s;
 
   prob = problem_of(p, B, Hq, Hkv, Lq, Lk, D, Dv, scale);

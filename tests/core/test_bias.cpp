@@ -90,6 +90,39 @@ TEST_CASE("key ranges of the masks are contiguous and correct", "[bias]") {
   }
 }
 
+TEST_CASE("any_allowed: a run of queries sees a key exactly when one of its rows does", "[bias]") {
+  // Every mask of small windows (and unbounded ones, and the widest), causal or not, over
+  // runs of queries and keys placed before, across and after each other, against key_range
+  // row by row.
+  using alibi::index_t;
+  constexpr index_t wide = std::numeric_limits<index_t>::max();
+  const index_t windows[] = {-1, 0, 1, 2, 5, wide};
+  index_t runs = 0, seen = 0;
+  for (const bool causal : {false, true})
+    for (const index_t left : windows)
+      for (const index_t right : windows) {
+        alibi::mask_spec m;
+        m.causal = causal;
+        m.window_left = left;
+        m.window_right = right;
+        for (index_t q_pos = -6; q_pos <= 12; ++q_pos)
+          for (index_t q_len = 0; q_len <= 7; ++q_len)
+            for (index_t k_len = 0; k_len <= 5; ++k_len) {
+              const index_t k_offset = 3;
+              bool any = false;
+              for (index_t i = 0; i < q_len && !any; ++i)
+                any = !m.key_range(q_pos + i, k_offset, k_len).empty();
+              INFO("causal " << causal << ", window (" << left << ", " << right << "), queries "
+                             << q_pos << " + " << q_len << ", keys 3 + " << k_len);
+              REQUIRE(m.any_allowed(q_pos, q_len, k_offset, k_len) == any);
+              ++runs;
+              seen += any;
+            }
+      }
+  CHECK(seen > 0);
+  CHECK(seen < runs);
+}
+
 TEST_CASE("bias with ALiBi disabled and caller slopes", "[bias]") {
   alibi::attention_params p;
   p.slopes = alibi::slope_config::none();

@@ -331,6 +331,31 @@ inline void error_cases(runner& r) {
              alibi::make_view<float>(nullptr, B, H, n));
     });
   }
+  // Rank 0 calls ring_attention, the others alltoall_attention: every rank raises (the
+  // agreement has one length for every function), none hangs.
+  if (P > 1 && H % P == 0)
+    expect_error("different functions", "the ranks disagree on the function called", [&] {
+      const auto in = alibi::make_view<const float>(x.data(), B, H, n, 32);
+      if (rank == 0)
+        r.ring(in, in, in, alibi::make_view(o.data(), B, H, n, 32));
+      else
+        r.alltoall(in, in, in, alibi::make_view(o.data(), B, H, n, 32));
+    });
+  // Key-norm bounds describe this rank's keys only: refused on every rank.
+  {
+    std::vector<float> bounds(static_cast<std::size_t>(B * H), 1.0f);
+    alibi::attention_params bp;
+    bp.key_norm_bounds = alibi::make_view<const float>(bounds.data(), B, H, 1);
+    expect_error("key-norm bounds", "params.key_norm_bounds is not supported",
+                 [&] { ring(n, 32, bp); });
+  }
+  // A logsumexp over out's memory (host runners: the CUDA one copies its arguments).
+  if (r.name() != "cuda")
+    expect_error("lse over out", "params.logsumexp and out share memory", [&] {
+      const auto in = alibi::make_view<const float>(x.data(), B, H, n, 32);
+      r.ring(in, in, in, alibi::make_view(o.data(), B, H, n, 32), {}, {},
+             alibi::make_view<float>(o.data() + 8, B, H, n));
+    });
   // Rank 0 passes an out of other rows: its own message there, "rank 0 refused" elsewhere.
   expect_error("a refused argument", rank == 0 ? "must hold the same rows" : "rank 0 refused",
                [&] { ring(n, 32, {}, {}, rank == 0 ? n - 1 : n); });

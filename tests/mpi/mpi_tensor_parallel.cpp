@@ -332,6 +332,32 @@ void error_cases() {
     other.ff_dim = rank == 1 ? 96 : 0;
     expect_error("configurations differ", "disagree on ff_dim",
                  [&] { alibi::mpi::tensor_parallel_layer<float, cpu> tp(MPI_COMM_WORLD, other); });
+    // Fields a shard would refuse only at its forward, or use silently: compared at
+    // construction, defaults resolved (key_dim 0 is embed_dim).
+    alibi::mha_config keys = c.attention;
+    keys.key_dim = rank == 1 ? 64 : 0;
+    expect_error("key input dims differ", "disagree on key_dim", [&] {
+      alibi::mpi::tensor_parallel_attention<float, cpu> tp(MPI_COMM_WORLD, keys);
+    });
+    alibi::mha_config resolved = c.attention;
+    resolved.key_dim = rank == 1 ? 48 : 0;
+    try {
+      alibi::mpi::tensor_parallel_attention<float, cpu> tp(MPI_COMM_WORLD, resolved);
+    } catch (const alibi::error& e) {
+      fail(std::string("key_dim 48 and 0 (= embed_dim 48) must agree: ") + e.what());
+    }
+    alibi::mha_config heads = c.attention;
+    heads.slopes.global_heads = rank == 1 ? 24 : 0;
+    expect_error("slope head ranges differ", "disagree on slopes.global_heads", [&] {
+      alibi::mpi::tensor_parallel_attention<float, cpu> tp(MPI_COMM_WORLD, heads);
+    });
+    std::vector<float> slope_values(12, 0.25f);
+    if (rank == 1) slope_values[5] = 0.5f;
+    alibi::mha_config valued = c.attention;
+    valued.slopes = alibi::slope_config::per_head(slope_values.data(), 12);
+    expect_error("caller slope values differ", "disagree on params.slopes.values", [&] {
+      alibi::mpi::tensor_parallel_attention<float, cpu> tp(MPI_COMM_WORLD, valued);
+    });
     alibi::mpi::tensor_parallel_layer<float, cpu> tp(MPI_COMM_WORLD, c);
     const index_t L = rank == 1 ? 5 : 6;
     std::vector<float> x(static_cast<std::size_t>(L * 48), 0.5f), y(x.size());
@@ -353,6 +379,13 @@ void error_cases() {
     expect_error("caches of other capacities", "disagree on the KV cache's capacity", [&] {
       tp.forward(alibi::make_view<const float>(x6.data(), 1, 6, 48),
                  alibi::make_view(y6.data(), 1, 6, 48), cache);
+    });
+    // A cache built for other heads (one rank's for the full module): it would refuse alone.
+    auto wide = rank == 1 ? alibi::kv_cache<float, cpu>(cpu{1}, 1, 16, 12, 4)
+                          : alibi::kv_cache<float, cpu>::for_module(tp.shard(), 1, 16);
+    expect_error("a cache of other kv heads", "disagree on the KV cache's kv_heads", [&] {
+      tp.forward(alibi::make_view<const float>(x6.data(), 1, 6, 48),
+                 alibi::make_view(y6.data(), 1, 6, 48), wide);
     });
     auto same = alibi::kv_cache<float, cpu>::for_module(tp.shard(), 1, 16);
     tp.forward(alibi::make_view<const float>(x6.data(), 1, 6, 48),

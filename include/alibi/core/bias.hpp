@@ -70,6 +70,17 @@ struct mask_spec {
     if (r.end < r.begin) r.end = r.begin;
     return r;
   }
+  /// Whether any query at positions [q_pos, q_pos + q_len) is allowed any key at positions
+  /// [k_offset, k_offset + len_k). By key_range, row q sees a key exactly when its distance
+  /// into the keys d = q - k_offset has d >= -right_limit() (when that is >= 0) and
+  /// d - len_k < window_left (when >= 0): both are monotone in d, so the run's last and first
+  /// rows decide, in O(1).
+  ALIBI_HOST_DEVICE constexpr bool any_allowed(index_t q_pos, index_t q_len, index_t k_offset,
+                                               index_t len_k) const {
+    if (q_len <= 0 || len_k <= 0) return false;
+    const index_t right = right_limit(), d_first = q_pos - k_offset, d_last = d_first + q_len - 1;
+    return (right < 0 || d_last >= -right) && (window_left < 0 || d_first - len_k < window_left);
+  }
 };
 
 }  // namespace alibi

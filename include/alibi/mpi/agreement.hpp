@@ -39,6 +39,13 @@ inline std::int64_t float_bits(float x) {
   return static_cast<std::int64_t>(u);
 }
 
+/// FNV-1a over a string's bytes, never 0.
+inline std::int64_t text_hash(const char* text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const char* c = text; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  return static_cast<std::int64_t>(h | 1);
+}
+
 /// FNV-1a over a host view's values (lengths, a key mask, caller slopes: floats by their
 /// bits): ranks compare the 64-bit hashes.
 template <class V>
@@ -90,25 +97,30 @@ class agreement {
 
   /// The collective half of an argument check. First one MPI_Allreduce of every rank's
   /// words (whether it refuses its call: `refused`, `local_error` saying why; the call
-  /// number; the compared words), which needs no memory beyond this object: then every rank
-  /// raises the same kind of alibi::error or none: its own `local_error`, "rank r refused
-  /// its arguments", or "the ranks disagree on" and the name of the first compared word that
-  /// differs. Then, when there are own words, one MPI_Allgather of them into `own_all`
-  /// (every rank's, rank-major), which the caller sized before (P times the own words; a
-  /// rank that could not is one that refuses).
+  /// number; a hash of `fn`, the function called; the compared words), which needs no memory
+  /// beyond this object: then every rank raises the same kind of alibi::error or none: its
+  /// own `local_error`, "rank r refused its arguments", or "the ranks disagree on" and the
+  /// name of the first compared word that differs. The all-reduce has the same length for
+  /// every function, so ranks that call different functions reach that error too. Then, when there
+  /// are own words, one MPI_Allgather of them into `own_all` (every rank's, rank-major), which the
+  /// caller sized before (P times the own words; a rank that could not is one that refuses).
   void check_into(MPI_Comm comm, const char* fn, bool refused, const std::string& local_error,
                   std::vector<std::int64_t>& own_all) {
     const int P = comm_size(comm), rank = comm_rank(comm);
     call_ = next_call_number(comm);
-    // [lowest refusing rank, then per field (the call number, then the compared words) the
-    // minimum, then the minimum of the complements: ~max].
-    const int fields = 1 + compared_;
-    std::int64_t words[1 + 2 * (1 + max_compared)];
+    // [lowest refusing rank, then per field (the call number, the function, then the
+    // compared words, zeros past this call's) the minimum, then the minimum of the
+    // complements: ~max].
+    constexpr int fields = 2 + max_compared;
+    std::int64_t words[1 + 2 * fields];
+    const std::int64_t function = text_hash(fn);
+    auto value = [&](int f) {
+      return f == 0 ? call_ : f == 1 ? function : f - 2 < compared_ ? values_[f - 2] : 0;
+    };
     words[0] = refused ? rank : P;
     for (int f = 0; f < fields; ++f) {
-      const std::int64_t v = f == 0 ? call_ : values_[f - 1];
-      words[1 + f] = v;
-      words[1 + fields + f] = ~v;
+      words[1 + f] = value(f);
+      words[1 + fields + f] = ~value(f);
     }
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, words, 1 + 2 * fields, MPI_INT64_T, MPI_MIN, comm),
               "MPI_Allreduce (argument check)");
@@ -122,14 +134,19 @@ class agreement {
     for (int f = 0; f < fields; ++f) {
       const std::int64_t lo = words[1 + f], hi = ~words[1 + fields + f];
       if (lo == hi) continue;
-      const std::int64_t v = f == 0 ? call_ : values_[f - 1];
+      if (f == 1)
+        raise(argument_error(std::string(fn) +
+                             ": the ranks disagree on the function called (this rank called " + fn +
+                             ", another rank a different alibi::mpi function)"));
       raise(argument_error(
           std::string(fn) + ": the ranks disagree on " +
           (f == 0 ? std::string("the call number (a rank made more alibi::mpi calls on "
                                 "this communicator than another)")
-                  : std::string(names_[f - 1])) +
+           : f - 2 < compared_
+               ? std::string(names_[f - 2])
+               : std::string("the number of compared fields (another rank compared more)")) +
           ": the values range from " + std::to_string(lo) + " to " + std::to_string(hi) +
-          ", rank " + std::to_string(rank) + " has " + std::to_string(v)));
+          ", rank " + std::to_string(rank) + " has " + std::to_string(value(f))));
     }
     if (owned_ > 0)
       check_mpi(MPI_Allgather(own_, owned_, MPI_INT64_T, own_all.data(), owned_, MPI_INT64_T, comm),
@@ -203,10 +220,21 @@ std::string attention_call_error(const std::string& fn, const Backend& backend,
            "whole sequences, which the layout sets";
   if (params.stats)
     return fn + ": params.stats is not supported: pass a ring_stats as the stats argument";
+  if (given(params.key_norm_bounds))
+    return fn +
+           ": params.key_norm_bounds is not supported: the calls read other ranks' keys, whose "
+           "norms this rank's bounds do not describe (skipping computes its own)";
   if (given(params.key_mask) && !check_view(fn.c_str(), "params.key_mask", params.key_mask))
     return check_view(fn.c_str(), "params.key_mask", params.key_mask).message();
   if (given(lse) && !check_view(fn.c_str(), "params.logsumexp", lse))
     return check_view(fn.c_str(), "params.logsumexp", lse).message();
+  // The logsumexp is written at the end, after out: sharing memory with it, or with an
+  // input, would corrupt them.
+  if (given(lse))
+    for (const status& s : {check_no_overlap(fn.c_str(), "params.logsumexp", lse),
+                            check_disjoint_from(fn.c_str(), "params.logsumexp", lse, "q", q, "k", k,
+                                                "v", v, "out", out)})
+      if (!s) return s.message();
   if (given(params.key_mask) &&
       (params.key_mask.extents[0] != B || params.key_mask.extents[1] != n))
     return fn + ": params.key_mask must have shape (batch, rows of this rank) = (" + str(B) + ", " +
@@ -339,9 +367,14 @@ inline void require_equal_rows(const char* fn, const char* rule,
 
 /// A tensor-parallel module's configuration, which every rank must build alike: defaults
 /// resolved, so that 0 and the value it stands for agree. `layer`: the Transformer layer's
-/// configuration (its attention is `attn`), or null for the attention module.
-inline void add_module_words(agreement& a, const mha_config& attn, const layer_config* layer) {
+/// configuration (its attention is `attn`), or null for the attention module. `full`: the
+/// configuration every rank was given, whose slope settings (head range, caller values,
+/// hashed where `host_slopes`) are compared too; a shard's differ by rank.
+inline void add_module_words(agreement& a, const mha_config& attn, const layer_config* layer,
+                             bool full, bool host_slopes) {
   a.compare("embed_dim", attn.embed_dim);
+  a.compare("key_dim", attn.key_dim != 0 ? attn.key_dim : attn.embed_dim);
+  a.compare("value_dim", attn.value_dim != 0 ? attn.value_dim : attn.embed_dim);
   a.compare("q_heads", attn.q_heads);
   a.compare("kv_heads", attn.kv_heads > 0 ? attn.kv_heads : attn.q_heads);
   a.compare("head_dim", attn.head_dim != 0 || attn.q_heads <= 0 ? attn.head_dim
@@ -358,14 +391,19 @@ inline void add_module_words(agreement& a, const mha_config& attn, const layer_c
                             4 * ((layer->ffn_bias ? 1 : 0) + 2 * (layer->norm_bias ? 1 : 0))))));
   a.compare("the norm, FFN, activation and bias settings", settings);
   a.compare("norm_eps", layer ? float_bits(layer->norm_eps) : 0);
-  add_slope_words(a, attn.slopes);
+  const auto& sv = attn.slopes.values;
+  const bool hashed = full && host_slopes && check_view("", "", sv).ok();
+  add_slope_words(a, attn.slopes, hashed ? view_hash(sv, sv.extents[0], sv.extents[1]) : 0);
+  a.compare("slopes.global_heads", full ? attn.slopes.global_heads : 0);
+  a.compare("slopes.head_offset", full ? attn.slopes.head_offset : 0);
   a.compare("scale", attn.scale ? float_bits(*attn.scale) + 1 : 0);
 }
 
-/// A tensor-parallel forward's KV cache as the ranks compare it: its batch, capacity and a
-/// view_hash of its lengths.
+/// A tensor-parallel forward's KV cache as the ranks compare it: its batch, capacity, a
+/// view_hash of its lengths, and its KV heads and head dim (each rank's cache holds its
+/// shard's heads, so these agree across ranks exactly when every cache fits its shard).
 struct cache_words {
-  std::int64_t batch, capacity, lengths;
+  std::int64_t batch, capacity, lengths, kv_heads, head_dim;
 };
 
 /// A tensor-parallel forward call of x (batch, seq, embed_dim): its shape and options, and
@@ -387,6 +425,8 @@ void add_forward_words(agreement& a, const X& x, const forward_options& opt,
   a.compare("the KV cache's batch", cache ? cache->batch : 0);
   a.compare("the KV cache's capacity", cache ? cache->capacity : 0);
   a.compare("the KV cache's lengths", cache ? cache->lengths : 0);
+  a.compare("the KV cache's kv_heads", cache ? cache->kv_heads : 0);
+  a.compare("the KV cache's head_dim", cache ? cache->head_dim : 0);
 }
 
 }  // namespace mpi

@@ -84,15 +84,6 @@ bool given(const V& m) {
   return false;
 }
 
-/// Whether the positional masks leave any key of [kpos, kpos + klen) to any query of
-/// [qpos, qpos + qlen) (the masks are monotone: the first and last rows bound the others).
-inline bool any_key(const mask_spec& m, index_t qpos, index_t qlen, index_t kpos, index_t klen) {
-  if (qlen == 0 || klen == 0) return false;
-  for (index_t i = 0; i < qlen; ++i)
-    if (!m.key_range(qpos + i, kpos, klen).empty()) return true;
-  return false;
-}
-
 /// The key mask over the whole sequences, (batch, L): every rank's (batch, rows) part of
 /// params.key_mask (a host copy) gathered with one MPI_Allgatherv, each rank's rows put at
 /// the positions of its segments; place() hands it to the backend (layer_ops::key_mask: the

@@ -153,7 +153,7 @@ class ring_call {
   /// Whether a pair has keys for some query: the masks allow some, and some batch entry has
   /// valid rows in both.
   bool live(const segment& qs, const segment& ks) const {
-    if (!any_key(params_.mask, qs.pos, qs.len, ks.pos, ks.len)) return false;
+    if (!params_.mask.any_allowed(qs.pos, qs.len, ks.pos, ks.len)) return false;
     for (index_t b = 0; b < B_; ++b)
       if (valid(qs, b) > 0 && valid(ks, b) > 0) return true;
     return false;

@@ -156,7 +156,7 @@ class tensor_parallel_base {
   tensor_parallel_base(MPI_Comm comm, const Config& config, const Backend& backend = Backend{})
       : comm_(comm), backend_(backend), slice_(slice_of(comm)), fn_(module_name(config)) {
     agreement a;
-    module_words(a, config);
+    module_words(a, config, true);
     std::string local_error;
     try {
       shard_ = std::make_unique<Module<T, Backend>>(tensor_parallel_shard(config, slice_), backend);
@@ -195,7 +195,8 @@ class tensor_parallel_base {
     const cache_words words{
         cache.batch(), cache.capacity(),
         view_hash(make_view<const index_t>(lens.data(), static_cast<index_t>(lens.size())),
-                  static_cast<index_t>(lens.size()), 1)};
+                  static_cast<index_t>(lens.size()), 1),
+        cache.kv_heads(), cache.head_dim()};
     forward_call(x, out, opt, &words, [&] { shard_->forward(x, out, cache, opt); });
   }
 
@@ -209,7 +210,7 @@ class tensor_parallel_base {
   void agree_call(const tensor_view<const T, 3>& x, const tensor_view<T, 3>& out,
                   const forward_options& opt, const cache_words* cache) {
     agreement a;
-    module_words(a, shard_->config());
+    module_words(a, shard_->config(), false);
     add_forward_words(a, x, opt, cache);
     const std::string fn = fn_ + "::forward";
     a.check(comm_, fn, tp_local_check(x, out, embed_dim(shard_->config()), fn.c_str()));
@@ -276,10 +277,12 @@ class tensor_parallel_base {
     });
   }
 
-  static void module_words(agreement& a, const layer_config& c) {
-    add_module_words(a, c.attention, &c);
+  static void module_words(agreement& a, const layer_config& c, bool full) {
+    add_module_words(a, c.attention, &c, full, reads_host_memory<Backend>);
   }
-  static void module_words(agreement& a, const mha_config& c) { add_module_words(a, c, nullptr); }
+  static void module_words(agreement& a, const mha_config& c, bool full) {
+    add_module_words(a, c, nullptr, full, reads_host_memory<Backend>);
+  }
   static const char* module_name(const layer_config&) {
     return "alibi::mpi::tensor_parallel_layer";
   }
