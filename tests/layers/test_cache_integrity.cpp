@@ -57,6 +57,10 @@ TEST_CASE("paged_kv_cache: sizes that do not fit are refused with the arguments 
                       Catch::Contains("must fit in 64 bits"));
   REQUIRE_THROWS_WITH(cache(1, 1, 1, 1, index_t(1) << 40, index_t(1) << 30),
                       Catch::Contains("max_seqs * max_pages_per_seq"));
+  // Entries that fit while their bytes do not: the block table's, the lengths'.
+  REQUIRE_THROWS_WITH(cache(1, 1, 1, 1, index_t(1) << 61, 1),
+                      Catch::Contains("max_seqs * max_pages_per_seq block-table entries"));
+  REQUIRE_THROWS_WITH(cache(1, 1, 1, 1, index_t(1) << 61, 0), Catch::Contains("max_seqs lengths"));
   // Page ids are int32 in the block table.
   REQUIRE_THROWS_WITH(cache(index_t(1) << 31, 1, 1, 1, 1, 1), Catch::Contains("num_pages"));
   // v_head_dim: -1 means head_dim; other negative values are errors.

@@ -71,13 +71,18 @@ class paged_kv_cache {
     const index_t tokens_n = detail::checked_product({num_pages, page_size, kv_heads});
     const index_t row_bytes =
         detail::checked_product({std::max(d_, dv_), static_cast<index_t>(sizeof(T))});
+    // The block table (int32 per page) and the per-sequence lengths (index_t) in bytes too.
+    const index_t table_n = detail::checked_product({max_seqs, max_pages_per_seq});
     if (tokens_n < 0 || row_bytes < 0 || detail::checked_product({tokens_n, row_bytes}) < 0 ||
-        detail::checked_product({max_seqs, max_pages_per_seq}) < 0)
+        table_n < 0 || detail::checked_product({table_n, index_t{sizeof(std::int32_t)}}) < 0 ||
+        detail::checked_product({max_seqs, index_t{sizeof(index_t)}}) < 0)
       detail::raise(argument_error(
           f + ": num_pages * page_size * kv_heads * max(head_dim, v_head_dim) bytes (" +
           std::to_string(num_pages) + " * " + std::to_string(page_size) + " * " +
           std::to_string(kv_heads) + " * " + std::to_string(std::max(d_, dv_)) + " * " +
-          std::to_string(sizeof(T)) + ") and max_seqs * max_pages_per_seq must fit in 64 bits"));
+          std::to_string(sizeof(T)) +
+          ") and the bytes of max_seqs * max_pages_per_seq block-table entries and of max_seqs "
+          "lengths must fit in 64 bits"));
     const auto tokens = static_cast<std::size_t>(tokens_n);
     k_.assign(tokens * static_cast<std::size_t>(d_), T{});
     v_.assign(tokens * static_cast<std::size_t>(dv_), T{});
