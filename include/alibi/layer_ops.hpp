@@ -13,6 +13,7 @@
 
 #include "alibi/core/error.hpp"
 #include "alibi/core/tensor_view.hpp"
+#include "alibi/core/view_checks.hpp"
 #include "alibi/layer_config.hpp"
 
 namespace alibi {
@@ -142,12 +143,16 @@ std::vector<index_t> extents_of(const tensor_view<U, R>& v) {
   return std::vector<index_t>(v.extents, v.extents + R);
 }
 
-/// A host view's elements in row-major order (any strides).
+/// A host view's elements in row-major order (any strides), for parameter `name` of module
+/// function `fn`.
 template <int R>
-std::vector<float> gather(const tensor_view<const float, R>& v) {
+std::vector<float> gather(const char* fn, const std::string& name,
+                          const tensor_view<const float, R>& v) {
+  // Negative extents, offsets past 64 bits and null data with elements are refused before
+  // the buffer is sized from them.
+  check_view(fn, name.c_str(), v).throw_if_failed();
   std::vector<float> out(static_cast<std::size_t>(v.size()));
   if (out.empty()) return out;
-  if (v.data == nullptr) detail::raise(argument_error("alibi: a parameter view has null data"));
   index_t idx[R] = {};
   for (float& x : out) {
     index_t off = 0;

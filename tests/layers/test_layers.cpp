@@ -896,6 +896,12 @@ TEST_CASE("layers: set() from views and Eigen, get(), and the initial values", "
   REQUIRE(m.get("k_proj.bias") == std::vector<float>(8, 0.5f));
   REQUIRE_THROWS_WITH(alibi::set_parameter(m, "k_proj.bias", Eigen::MatrixXf::Zero(2, 4)),
                       Catch::Contains("must have shape (8), got (2, 4)"));
+  // A view of negative extents is refused before anything is read through it (their
+  // product, 6, once sized the copy, and the copy read past the one element).
+  const float one = 1.0f;
+  REQUIRE_THROWS_WITH(
+      m.set("q_proj.weight", alibi::make_strided_view<const float, 2>(&one, {-2, -3}, {3, 1})),
+      Catch::Contains("alibi::multi_head_attention::set: q_proj.weight.extent(0) must be >= 0"));
   alibi::layer_config lc;
   lc.attention = c;
   alibi::transformer_layer<float, cpu> layer(lc);

@@ -784,3 +784,20 @@ TEST_CASE("layers backward: padded rows that are also masked keys stay out of th
   CHECK(all_finite(lg));
   for (index_t i = 0; i < 2 * E; ++i) CHECK(std::isfinite(dx[static_cast<std::size_t>(i)]));
 }
+
+TEST_CASE("activation backward stays finite where the activation saturates", "[layers-backward]") {
+  // Pre-activations whose forward is finite (x itself or 0 for the GELUs, x or 0 for SiLU):
+  // the derivative must be too (gelu_tanh once formed 0 x inf = NaN for |x| > 1e19).
+  using ops = alibi::detail::layer_ops<cpu>;
+  const float x[] = {1e30f, -1e30f, 3e38f, -3e38f, 1e19f, 40.0f, -1e4f, 0.0f};
+  const float want[] = {1.0f, 0.0f, 1.0f, 0.0f, 1.0f, 1.0f, 0.0f, 0.5f};
+  for (auto act :
+       {alibi::activation::gelu, alibi::activation::gelu_tanh, alibi::activation::silu}) {
+    std::vector<float> dh(8, 1.0f);
+    ops::activation_backward(cpu{1}, x, 8, dh.data(), 8, 1, 8, act);
+    for (int i = 0; i < 8; ++i) {
+      INFO("activation " << static_cast<int>(act) << ", x = " << x[i]);
+      CHECK(dh[static_cast<std::size_t>(i)] == want[i]);
+    }
+  }
+}

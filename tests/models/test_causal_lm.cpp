@@ -201,6 +201,22 @@ TEST_CASE("causal_lm: refused calls name the argument and leave the caches as th
                       Catch::Contains("logits must have shape (2, 20)"));
   REQUIRE_THROWS_WITH(lm.decode(alibi::make_view<const std::int32_t>(nullptr, 2), lv),
                       Catch::Contains("tokens.data must not be null"));
+  // lengths with extents but no data is refused, not taken as omitted.
+  alibi::tensor_view<const index_t, 1> no_data{};
+  no_data.extents[0] = 2;
+  REQUIRE_THROWS_WITH(lm.prefill(tv, no_data, lv), Catch::Contains("with null data"));
+  // One layer's cache truncated alone: the next call is refused; causal_lm::truncate
+  // changes every layer.
+  lm.caches()[0].truncate(1, 2);
+  REQUIRE_THROWS_WITH(
+      lm.decode(alibi::make_view<const std::int32_t>(tokens.data(), 2), lv),
+      Catch::Contains("hold sequence 1 at different lengths (layer 0: 2, layer 1: 4)"));
+  lm.truncate(1, 2);
+  lm.truncate(0, 3);
+  lm.decode(alibi::make_view<const std::int32_t>(tokens.data(), 2), lv);
+  for (index_t l = 0; l < 2; ++l) REQUIRE(lm.caches()[std::size_t(l)].length(1) == 3);
+  lm.clear(0);
+  REQUIRE(lm.length(0) == 0);
   // Through a volatile pointer: with a literal null, GCC 12 warns (-Wnonnull) about the copy
   // the refusal never reaches.
   const float* volatile none = nullptr;

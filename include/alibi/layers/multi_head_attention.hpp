@@ -110,7 +110,8 @@ class multi_head_attention {
   }
   template <int R>
   void set(const std::string& name, tensor_view<const float, R> host) {
-    set(name, detail::gather(host).data(), detail::extents_of(host));
+    set(name, detail::gather("alibi::multi_head_attention::set", name, host).data(),
+        detail::extents_of(host));
   }
   /// The parameter's current values as float, row-major (host).
   std::vector<float> get(const std::string& name) const {

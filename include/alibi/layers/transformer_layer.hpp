@@ -112,7 +112,8 @@ class transformer_layer {
   }
   template <int R>
   void set(const std::string& name, tensor_view<const float, R> host) {
-    set(name, detail::gather(host).data(), detail::extents_of(host));
+    set(name, detail::gather("alibi::transformer_layer::set", name, host).data(),
+        detail::extents_of(host));
   }
   std::vector<float> get(const std::string& name) const {
     if (name.rfind(prefix, 0) == 0) return attn_.get(name.substr(sizeof(prefix) - 1));

@@ -177,8 +177,18 @@ class causal_lm {
   }
   /// Tokens sequence b holds (its prompt and the decoded tokens so far).
   index_t length(index_t b) const { return caches().front().length(b); }
-  /// The layers' caches (one per layer, in order), e.g. to truncate rejected tokens: truncate
-  /// every layer's cache alike.
+  /// Rolls sequence b back to its first `length` tokens in every layer's cache (e.g. rejected
+  /// draft tokens).
+  void truncate(index_t b, index_t length) {
+    for (cache_type& c : caches()) c.truncate(b, length);
+  }
+  /// Empties sequence b in every layer's cache (its slot starts a new sequence).
+  void clear(index_t b) {
+    for (cache_type& c : caches()) c.clear(b);
+  }
+  /// The layers' caches (one per layer, in order). Changed one by one, they must be left
+  /// holding the same lengths (prefill and decode refuse them otherwise): truncate() and
+  /// clear() above change them all.
   std::vector<cache_type>& caches() {
     if (caches_.empty())
       detail::raise(argument_error("alibi::causal_lm: call start(batch, capacity) first"));
@@ -261,6 +271,16 @@ class causal_lm {
     const std::string f = fn;
     std::vector<cache_type>& cs = caches();
     const index_t B = tokens.extents[0], n = tokens.extents[1], E = embed_dim();
+    // Every layer must hold each sequence at one length: a cache truncated alone would put
+    // the new tokens at other positions in its layer.
+    for (std::size_t l = 1; l < cs.size(); ++l)
+      for (index_t b = 0; b < cs.front().batch(); ++b)
+        if (cs[l].length(b) != cs.front().length(b))
+          detail::raise(argument_error(
+              f + ": the layers' caches hold sequence " + str(b) +
+              " at different lengths (layer 0: " + str(cs.front().length(b)) + ", layer " +
+              str(static_cast<index_t>(l)) + ": " + str(cs[l].length(b)) +
+              "); change them alike (causal_lm::truncate, clear)"));
     if (B != cs.front().batch() || n < 0)
       detail::raise(argument_error(f +
                                    ": tokens must have shape (batch = " + str(cs.front().batch()) +
@@ -275,10 +295,12 @@ class causal_lm {
     // Valid tokens per sequence, each checked: a token outside the vocabulary would read
     // past the embedding.
     std::vector<index_t> len(static_cast<std::size_t>(B), n);
-    if (lengths.data != nullptr) {
-      if (lengths.extents[0] != B)
-        detail::raise(argument_error(f + ": lengths must have shape (" + str(B) + "), got (" +
-                                     str(lengths.extents[0]) + ")"));
+    if (lengths.data != nullptr || lengths.extents[0] != 0) {
+      if (lengths.extents[0] != B || lengths.data == nullptr)
+        detail::raise(argument_error(
+            f + ": lengths must have shape (" + str(B) + "), got (" + str(lengths.extents[0]) +
+            ")" +
+            (lengths.data == nullptr ? " with null data (omit it: default-construct it)" : "")));
       for (index_t b = 0; b < B; ++b) {
         if (lengths(b) < 0 || lengths(b) > n)
           detail::raise(argument_error(f + ": lengths(" + str(b) + ") must be in [0, " + str(n) +

@@ -101,9 +101,10 @@ class agreement {
   /// beyond this object: then every rank raises the same kind of alibi::error or none: its
   /// own `local_error`, "rank r refused its arguments", or "the ranks disagree on" and the
   /// name of the first compared word that differs. The all-reduce has the same length for
-  /// every function, so ranks that call different functions reach that error too. Then, when there
-  /// are own words, one MPI_Allgather of them into `own_all` (every rank's, rank-major), which the
-  /// caller sized before (P times the own words; a rank that could not is one that refuses).
+  /// every function, so ranks that call different functions reach that error too. Then,
+  /// when there are own words, one MPI_Allgather of them into `own_all` (every rank's,
+  /// rank-major), which the caller sized before (P times the own words; a rank that could
+  /// not is one that refuses).
   void check_into(MPI_Comm comm, const char* fn, bool refused, const std::string& local_error,
                   std::vector<std::int64_t>& own_all) {
     const int P = comm_size(comm), rank = comm_rank(comm);

@@ -368,7 +368,11 @@ struct host_layer_ops {
           } else {
             const T c = T(0.79788456080286535588), a = T(0.044715);
             const T t = std::tanh(c * (v + a * v * v * v));
-            d = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * c * (T(1) + T(3) * a * v * v);
+            // Where tanh has saturated (1 - t^2 == 0), the second term is 0 whatever
+            // 3 a v^2 is: for |v| > 1e19 it overflows, and 0 x inf would be NaN.
+            const T sech2 = T(1) - t * t;
+            d = T(0.5) * (T(1) + t) +
+                (sech2 == T(0) ? T(0) : T(0.5) * v * sech2 * c * (T(1) + T(3) * a * v * v));
           }
           g[i] *= d;
         }
