@@ -694,6 +694,15 @@ TEST_CASE("layers backward: refused calls name the problem", "[layers-backward]"
   alibi::parameter_gradients<float> mg;
   REQUIRE_THROWS_WITH(m.backward(cview(x, B, L, E), ms, mview(dx, B, L, E), mg),
                       Contains("cross-attention forward_train"));
+  // Cross-attention: dquery's padded rows are zeroed last, so it may not share dkey's or
+  // dvalue's memory.
+  std::vector<float> dkv(x.size());
+  REQUIRE_THROWS_WITH(m.backward(cview(x, B, L, E), ms, mview(dkv, B, L, E), mview(dkv, B, L, E),
+                                 mview(dx, B, L, E), mg),
+                      Contains("dquery and dkey share memory"));
+  REQUIRE_THROWS_WITH(m.backward(cview(x, B, L, E), ms, mview(dx, B, L, E), mview(dkv, B, L, E),
+                                 mview(dx, B, L, E), mg),
+                      Contains("dquery and dvalue share memory"));
   // A tensor-parallel shard's forward-only setting has no training path.
   alibi::multi_head_attention<float, cpu> shard(lc.attention);
   shard.set_output_bias(false);

@@ -169,6 +169,13 @@ TEST_CASE("paged layers: the attention module refuses bad batches and leaves len
   REQUIRE(cache.length(a) == 6);
   REQUIRE(cache.length(b) == 3);
   REQUIRE(cache.free_pages() == 1);
+  // Lengths given as extents without data count as given: refused, not ignored.
+  alibi::forward_options lengths_without_data;
+  lengths_without_data.q_lengths.extents[0] = 2;
+  REQUIRE_THROWS_WITH(
+      mha.forward(alibi::make_view<const float>(x.data(), 1, 4, 32),
+                  alibi::make_view(out.data(), 1, 4, 32), cache, batch, lengths_without_data),
+      Catch::Contains("not taken with a paged cache"));
   call({0, 2, 3}, {a, b});
   REQUIRE(cache.length(a) == 8);
   REQUIRE(cache.length(b) == 4);

@@ -487,7 +487,10 @@ void multi_head_attention<T, Backend>::run_paged(tensor_view<const T, 3> x, tens
   const index_t total = x.extents[1];
   const index_t ldx = detail::row_stride(fn, "x", x, E);
   const index_t ldo = detail::row_stride(fn, "out", out, E);
-  if (opt.q_lengths.data || opt.k_lengths.data || opt.key_padding_mask.data)
+  // A view with extents and no data counts as given too (host_lengths refuses it elsewhere).
+  if (opt.q_lengths.data || opt.q_lengths.extents[0] != 0 || opt.k_lengths.data ||
+      opt.k_lengths.extents[0] != 0 || opt.key_padding_mask.data ||
+      opt.key_padding_mask.size() != 0)
     detail::raise(argument_error(f +
                                  ": opt.q_lengths, opt.k_lengths and opt.key_padding_mask are not "
                                  "taken with a paged cache: batch.cu_seqlens and the cache give "
@@ -739,6 +742,12 @@ void multi_head_attention<T, Backend>::backward_public(
   };
   const index_t lddy = check("dy", dy, Lq, E);
   const bool self = saved.self_;
+  // dquery's padded rows are zeroed after the gradients are written: in memory shared with
+  // dkey or dvalue they would wipe rows those hold.
+  if (!self)
+    for (const status& s : {detail::check_disjoint(fn, "dquery", dquery, "dkey", dkey),
+                            detail::check_disjoint(fn, "dquery", dquery, "dvalue", dvalue)})
+      s.throw_if_failed();
   const index_t ldq = check(self ? "dx" : "dquery", dquery, Lq, E);
   const index_t ldk = self ? ldq : check("dkey", dkey, Lk, cfg_.key_dim);
   const index_t ldv = self ? ldq : check("dvalue", dvalue, Lk, cfg_.value_dim);
