@@ -4,13 +4,14 @@ import re
 from typing import Optional, Tuple, Union
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _library  # noqa: F401  (registers torch.ops.alibi)
 
 _ops = torch.ops.alibi
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _FUSED_TYPES = (torch.float32,) + _HALF_TYPES  # the dtypes the fused kernels read
+# Where cfg (the operators' arguments after slopes) holds key_padding_mask, q_lengths, k_lengths.
+_CFG_TENSORS = slice(6, 9)
 
 
 def get_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
@@ -60,21 +61,28 @@ class _AttentionFunction(torch.autograd.Function):
         # Gradients that do not arrive stay None: a loss on out alone runs no pass over a
         # zero dlse, and a loss on the logsumexp alone gets a zero dout.
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out, lse, slopes)
-        ctx.cfg = cfg
+        # The key padding mask and the lengths (cfg[6:9]) are saved as tensors, so that one
+        # changed in place before the backward is autograd's error, not other gradients.
+        ctx.save_for_backward(q, k, v, out, lse, slopes, *cfg[_CFG_TENSORS])
+        ctx.cfg = cfg[:_CFG_TENSORS.start] + (None,) * 3 + cfg[_CFG_TENSORS.stop:]
         return out, lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, slopes = ctx.saved_tensors
+        q, k, v, out, lse, slopes, *masks = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True: the gradients would carry no graph, and a loss on them would
+            # silently stop depending on q, k and v.
+            raise RuntimeError("alibi: attention is differentiable once, not twice "
+                               "(create_graph=True asks for a graph of its gradients)")
+        cfg = ctx.cfg[:_CFG_TENSORS.start] + tuple(masks) + ctx.cfg[_CFG_TENSORS.stop:]
         want_dslopes = slopes is not None and ctx.needs_input_grad[3]
         if dout is None:
             dout = torch.zeros_like(out)
         k_wide, v_wide = (k, v) if k.dtype == q.dtype else (k.to(q.dtype), v.to(q.dtype))
         if dlse is not None:
             dlse = dlse.to(torch.float32)
-        dq, dk, dv, dslopes = _ops.backward(dout, q, k_wide, v_wide, out, lse, slopes, *ctx.cfg,
+        dq, dk, dv, dslopes = _ops.backward(dout, q, k_wide, v_wide, out, lse, slopes, *cfg,
                                             want_dslopes, dlse)
         if want_dslopes:
             dslopes = dslopes.reshape(slopes.shape).to(slopes.dtype)
@@ -169,8 +177,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             out, lse = _AttentionFunction.apply(q, k, v, slopes, cfg)
         else:
             out, lse = _ops.forward(q, k, v, slopes, *cfg)
-    except ValueError as e:
-        raise ValueError(_caller_names(str(e), lengths is not None, blhd)) from None
+    except (ValueError, TypeError) as e:
+        raise type(e)(_caller_names(str(e), lengths is not None, blhd)) from None
     if blhd:
         out = out.transpose(1, 2)
     if out.dtype != out_dtype:

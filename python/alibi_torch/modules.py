@@ -35,7 +35,9 @@ class ALiBiMultiheadAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, kv_heads * self.head_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(embed_dim, kv_heads * self.head_dim, bias=bias, **kw)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
-        slopes = get_slopes(num_heads, max_bias).to(device=device, dtype=dtype or torch.float32)
+        # float32 whatever dtype is: alibi reads float32 slopes, and the paper's slopes for head
+        # counts that are not powers of two are not dyadic (bfloat16 would round them by 2^-9).
+        slopes = get_slopes(num_heads, max_bias).to(device=device)
         if trainable_slopes:
             self.slopes = nn.Parameter(slopes)
         else:

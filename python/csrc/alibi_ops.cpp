@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// alibi's attention as PyTorch operators (torch.ops.alibi.*), over CPU tensors: float32 on the
-// eigen backend, float64 on the reference backend. The Python package (alibi_torch) wraps them
+// alibi's attention as PyTorch operators (torch.ops.alibi.*), over CPU tensors: float32 (and
+// float16/bfloat16 K/V) on the eigen backend, float64 on the reference backend; alibi_torch
+// widens half precision q to float32 before calling them. The Python package (alibi_torch) wraps them
 // in an autograd Function and a module; these functions only translate torch tensors into
 // alibi views and alibi's errors into Python exceptions.
 #include <ATen/ATen.h>

@@ -408,6 +408,30 @@ class Errors(unittest.TestCase):
         self.raises(ValueError, "scale", scale=float("nan"))
         self.raises(ValueError, "lengths is for self-attention", q=self.q[:, :, :3], lengths=torch.tensor([3, 3]))
 
+    def test_lengths_dtype_named_as_given(self):
+        self.raises(TypeError, "^alibi: lengths must be an int64 or int32", lengths=torch.tensor([1.0, 2.0]))
+
+    def test_not_twice_differentiable(self):
+        q, k, v = (t.clone().requires_grad_() for t in (self.q, self.k, self.v))
+        out = alibi_torch.attention(q, k, v)
+        with self.assertRaisesRegex(RuntimeError, "differentiable once, not twice"):
+            torch.autograd.grad(out.sum(), q, create_graph=True)
+
+    def test_masks_changed_before_backward(self):
+        # The lengths and the key mask are saved for the backward: changed in place, autograd
+        # raises instead of the backward reading the new values.
+        q = self.q.clone().requires_grad_()
+        lengths = torch.tensor([4, 6])
+        out = alibi_torch.attention(q, self.k, self.v, lengths=lengths)
+        lengths.fill_(6)
+        with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+            out.sum().backward()
+        kpm = torch.zeros(2, 6, dtype=torch.bool)
+        out = alibi_torch.attention(q, self.k, self.v, key_padding_mask=kpm)
+        kpm[0, 1] = True
+        with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+            out.sum().backward()
+
     def test_devices(self):
         meta = torch.empty(2, 4, 6, 8, device="meta")
         self.raises(ValueError, "q is on meta; .* CPU tensors only", q=meta)
