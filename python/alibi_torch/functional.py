@@ -80,8 +80,6 @@ class _AttentionFunction(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         k_wide, v_wide = (k, v) if k.dtype == q.dtype else (k.to(q.dtype), v.to(q.dtype))
-        if dlse is not None:
-            dlse = dlse.to(torch.float32)
         dq, dk, dv, dslopes = _ops.backward(dout, q, k_wide, v_wide, out, lse, slopes, *cfg,
                                             want_dslopes, dlse)
         if want_dslopes:
