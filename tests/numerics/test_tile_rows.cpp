@@ -41,47 +41,61 @@ ad::attention_problem problem(index_t lq, index_t lk, bool causal, index_t wl, i
 
 TEST_CASE("tile frames give the exact shifted distance and the allowed columns", "[tile_rows]") {
   const index_t big = index_t(1) << 45;
-  const index_t q_offs[] = {0, 500, big + 3, -200};
-  const index_t k_offs[] = {0, 0, big, 900};
-  int checked = 0;
-  for (int o = 0; o < 4; ++o)
-    for (int m = 0; m < 4; ++m) {
-      const bool causal = m == 1 || m == 3;
-      const index_t wl = m >= 2 ? 37 : -1, wr = m == 2 ? 5 : -1;
-      const ad::attention_problem p =
-          problem(300, 1000, causal, wl, wr, o ? &q_offs[o] : nullptr, o ? &k_offs[o] : nullptr);
-      for (index_t i = 0; i < 300; i += 7) {
-        const ad::row_frame f = ad::make_row_frame(p, 0, 0, i);
-        const alibi::index_range kr = p.key_range(0, i);
-        const index_t qp = p.q_offset(0) + i;
-        for (index_t j0 = 0; j0 < 1000; j0 += 64)
-          for (int lane_shift : {0, 2, 6}) {
-            const ad::tile_frame tf = ad::make_tile_frame(f, j0 + lane_shift, 64);
-            // The compact 32-bit frame the CUDA kernel keeps gives the same tile frame.
-            const ad::tile_frame tf32 = ad::make_tile_frame(
-                ad::make_row_frame32(f), static_cast<std::int32_t>(j0 + lane_shift), 64);
-            REQUIRE(tf32.a == tf.a);
-            REQUIRE(tf32.b == tf.b);
-            REQUIRE(tf32.begin == tf.begin);
-            REQUIRE(tf32.end == tf.end);
-            for (int c = 0; c < 64 && j0 + lane_shift + c < 1000; ++c) {
-              const index_t j = j0 + lane_shift + c;
-              const bool allowed = j >= kr.begin && j < kr.end;
-              REQUIRE((c >= tf.begin && c < tf.end) == allowed);
-              if (!allowed) continue;
-              const index_t kp = p.k_offset(0) + j;
-              const index_t want = (qp >= kp ? qp - kp : kp - qp) - f.shift;
-              REQUIRE(want >= 0);
-              REQUIRE(ad::tile_distance(tf, static_cast<float>(c)) == static_cast<float>(want));
-              // The same bias as the one formula every backend uses.
-              REQUIRE(-0.25f * ad::tile_distance(tf, static_cast<float>(c)) ==
-                      alibi::alibi_bias(0.25f, qp, kp, f.shift));
-              ++checked;
+  const index_t q_offs[] = {0, 500, big + 3, -200, -big, 4000};
+  const index_t k_offs[] = {0, 0, big, 900, 0, 0};
+  int checked = 0, negative_rows = 0;
+  // A negative slope's bias grows with distance, so its frame is shifted by the row's
+  // farthest allowed key (where its largest bias is): every shifted distance is then <= 0.
+  for (const float slope_sign : {1.0f, -1.0f})
+    for (int o = 0; o < 6; ++o)
+      for (int m = 0; m < 4; ++m) {
+        const bool causal = m == 1 || m == 3;
+        const index_t wl = m >= 2 ? 37 : -1, wr = m == 2 ? 5 : -1;
+        ad::attention_problem p =
+            problem(300, 1000, causal, wl, wr, o ? &q_offs[o] : nullptr, o ? &k_offs[o] : nullptr);
+        p.slopes.scale = slope_sign;
+        for (index_t i = 0; i < 300; i += 7) {
+          const ad::row_frame f = ad::make_row_frame(p, 0, 0, i);
+          REQUIRE(f.slope == p.slope(0, 0));
+          REQUIRE((f.slope < 0.0f) == (slope_sign < 0.0f));
+          const alibi::index_range kr = p.key_range(0, i);
+          const index_t qp = p.q_offset(0) + i;
+          REQUIRE(f.shift == p.distance_shift(0, i, slope_sign < 0.0f));
+          if (slope_sign < 0.0f && !kr.empty()) ++negative_rows;
+          index_t closest_to_zero = std::numeric_limits<index_t>::max();
+          for (index_t j0 = 0; j0 < 1000; j0 += 64)
+            for (int lane_shift : {0, 2, 6}) {
+              const ad::tile_frame tf = ad::make_tile_frame(f, j0 + lane_shift, 64);
+              // The compact 32-bit frame the CUDA kernel keeps gives the same tile frame.
+              const ad::tile_frame tf32 = ad::make_tile_frame(
+                  ad::make_row_frame32(f), static_cast<std::int32_t>(j0 + lane_shift), 64);
+              REQUIRE(tf32.a == tf.a);
+              REQUIRE(tf32.b == tf.b);
+              REQUIRE(tf32.begin == tf.begin);
+              REQUIRE(tf32.end == tf.end);
+              for (int c = 0; c < 64 && j0 + lane_shift + c < 1000; ++c) {
+                const index_t j = j0 + lane_shift + c;
+                const bool allowed = j >= kr.begin && j < kr.end;
+                REQUIRE((c >= tf.begin && c < tf.end) == allowed);
+                if (!allowed) continue;
+                const index_t kp = p.k_offset(0) + j;
+                const index_t want = (qp >= kp ? qp - kp : kp - qp) - f.shift;
+                REQUIRE(slope_sign * static_cast<float>(want) >= 0.0f);
+                closest_to_zero = std::min(closest_to_zero, want < 0 ? -want : want);
+                REQUIRE(ad::tile_distance(tf, static_cast<float>(c)) == static_cast<float>(want));
+                // The same bias as the one formula every backend uses.
+                const float s = 0.25f * slope_sign;
+                REQUIRE(-s * ad::tile_distance(tf, static_cast<float>(c)) ==
+                        alibi::alibi_bias(s, qp, kp, f.shift));
+                ++checked;
+              }
             }
-          }
+          // The shift is a distance some allowed key has: the row's largest bias is 0.
+          if (!kr.empty()) REQUIRE(closest_to_zero == 0);
+        }
       }
-    }
-  CHECK(checked > 100000);
+  CHECK(checked > 200000);
+  CHECK(negative_rows > 500);
 }
 
 TEST_CASE("padded rows get no keys", "[tile_rows]") {
@@ -161,7 +175,7 @@ TEST_CASE("base-2 online softmax over tiles equals the direct softmax", "[tile_r
   for (int trial = 0; trial < 50; ++trial) {
     std::vector<float> x(200);
     for (float& s : x) s = randn(rng);
-    for (int j = 0; j < 64; ++j) x[static_cast<std::size_t>(j)] = neg_inf;  // first tile masked
+    for (int j = 0; j < 64; ++j) x[static_cast<std::size_t>(j)] = neg_inf;     // first tile masked
     for (int j = 130; j < 140; ++j) x[static_cast<std::size_t>(j)] = neg_inf;  // partly masked
     const row_result r = tiled_row(x, 0, x.size(), 64);
     const direct_result d = direct_row(x, 0, x.size());

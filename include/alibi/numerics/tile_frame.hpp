@@ -28,7 +28,10 @@ struct row_frame {
 };
 
 /// The frame of query row i of head h, batch entry b. Rows at or past the entry's query
-/// length get an empty key range (they produce zeros and logsumexp -inf).
+/// length get an empty key range (they produce zeros and logsumexp -inf). The shift is the
+/// distance to the key with the row's largest bias: the nearest allowed key, or for a
+/// negative slope (whose bias grows with distance) the farthest, so the scores near the row
+/// maximum stay small and exact (attention_problem::distance_shift).
 ALIBI_HOST_DEVICE inline row_frame make_row_frame(const attention_problem& p, index_t b, index_t h,
                                                   index_t i) {
   row_frame f;
@@ -37,8 +40,8 @@ ALIBI_HOST_DEVICE inline row_frame make_row_frame(const attention_problem& p, in
   f.begin = r.begin;
   f.end = r.end;
   f.t0 = p.q_offset(b) + i - p.k_offset(b);
-  f.shift = p.distance_shift(b, i);
   f.slope = p.slope(b, h);
+  f.shift = p.distance_shift(b, i, f.slope < 0.0f);
   return f;
 }
 

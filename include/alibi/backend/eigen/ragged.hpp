@@ -198,9 +198,6 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
       std::fill(w.o.data() + r * ldo, w.o.data() + r * ldo + Dv, 0.0f);
       w.state[r] = softmax_state{};
       w.frames[r] = make_row_frame(p, s, h, i);
-      // A head with a negative slope measures from its farthest key, where its row maximum is
-      // (attention_problem::distance_shift; the CUDA kernels' frames keep the nearest key).
-      if (w.frames[r].slope < 0.0f) w.frames[r].shift = p.distance_shift(s, i, true);
       w.q_rows[r] = dst;
       w.o_rows[r] = w.o.data() + r * ldo;
       if (w.frames[r].begin < w.frames[r].end) {
