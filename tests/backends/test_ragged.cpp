@@ -535,6 +535,43 @@ TEST_CASE("ragged: int8 K/V stay within the documented bound of fp32 K/V", "[rag
   REQUIRE(checked > 0);
 }
 
+TEST_CASE("ragged: int8 K/V read in place give finite scores for queries near the fp32 range",
+          "[ragged][edge]") {
+  // q . k_q sums |q_e| x 127 terms before the key's scale applies: with |q_e| up to 1e36 and
+  // D = 32 that passes FLT_MAX while q . k (below 32 x 1e36) does not. 1e30 stays clear of it,
+  // 1e36 needs the power-of-two prescaling. Decode rows (fewer than ragged_gemm_rows) read
+  // K in place; the prefill chunk takes the widened GEMM path.
+  for (const float amp : {1e30f, 1e36f})
+    for (const bool skip : {false, true}) {
+      ragged_spec s = mixed(16, 2, 9);
+      s.q_amp = amp;
+      const ragged_case<std::int8_t> c(s);
+      // The premise: how many (row, key) pairs have |q . k_q| beyond FLT_MAX (in double).
+      index_t beyond = 0;
+      const index_t G = s.q_heads / s.kv_heads;
+      for (index_t q = 0; q < c.S; ++q)
+        for (index_t row = c.cu[q]; row < c.cu[q + 1]; ++row)
+          for (index_t h = 0; h < s.q_heads; ++h)
+            for (index_t j = 0; j < c.ctx[q]; ++j) {
+              double dot = 0;
+              for (index_t e = 0; e < s.head_dim; ++e)
+                dot += static_cast<double>(
+                           c.q[static_cast<std::size_t>((row * s.q_heads + h) * s.head_dim + e)]) *
+                       c.kc[static_cast<std::size_t>(
+                           ((q * s.kv_heads + h / G) * c.max_len + j) * s.head_dim + e)];
+              if (std::fabs(dot) > std::numeric_limits<float>::max()) ++beyond;
+            }
+      CHECK((amp > 1e35f) == (beyond > 100));
+      const ragged_result a = check_ragged(c, c.paged(), skip, 2, skip ? 0x1p-24 : 0.0);
+      INFO("q_amp " << amp << " skip " << skip << " max_err " << a.max_err << " tolerance "
+                    << a.tolerance << " nans " << a.nans << " lse mismatches " << a.lse_bad);
+      REQUIRE(a.nans == 0);
+      REQUIRE(a.max_err <= a.tolerance);
+      REQUIRE(a.lse_bad == 0);
+      REQUIRE(a.guards);
+    }
+}
+
 TEST_CASE("ragged: bad arguments are refused with the argument named", "[ragged]") {
   const ragged_case<float> c(mixed(16, 2, 13));
   const auto& sp = c.spec;

@@ -44,11 +44,27 @@ struct ragged_scratch {
   aligned_buffer<const float*> q_rows;
   aligned_buffer<float*> s_rows, p_rows, o_rows;
   aligned_buffer<index_t> head_tiles;
+  aligned_buffer<int> q_exp;  // per row: the power of two its q copy was divided by (int8)
 };
 
 inline ragged_scratch& ragged_scratch_for_thread() {
   static thread_local ragged_scratch scratch;
   return scratch;
+}
+
+/// Divides a query row by a power of two 2^k where int8 keys read in place could overflow its
+/// scores, and returns k (0 for every row of ordinary magnitude). Why: q . k_q sums terms up
+/// to |q_e| x 127 before the key's scale applies, so it overflows fp32 at a |q| about
+/// 127 / max|k| times smaller than q . k itself does (max|k| = 1: |q_e| ~ 1e35 at D = 64).
+/// Dividing by 2^k is exact, and the scores multiply 2^k back after the scale.
+inline int prescale_int8_query(float* row, index_t n) {
+  double bound = 0.0;  // >= every partial sum of |q_e x k_q,e|
+  for (index_t e = 0; e < n; ++e) bound += std::fabs(static_cast<double>(row[e]));
+  bound *= 127.0;
+  if (!(bound >= 0x1p126) || !std::isfinite(bound)) return 0;
+  const int k = std::ilogb(bound) - 125;  // bound / 2^k < 2^126
+  for (index_t e = 0; e < n; ++e) row[e] = std::ldexp(row[e], -k);
+  return k;
 }
 
 /// Rows (positions x the heads of a GQA group) from which a work item's products are the
@@ -181,6 +197,9 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
   w.p_rows.reserve(rr);
   w.o_rows.reserve(rr);
   w.head_tiles.reserve(3 * hh);
+  // Only the in-place int8 scores need it: the GEMM path widens K (k_q x scale) first.
+  const bool prescale = is_int8_kv<T> && !gemm;
+  if (prescale) w.q_exp.reserve(rr);
 
   // Row r is KV head g0 + r / Rg, position i0 + (r % Rg) / G, query head (g0 + r / Rg) G +
   // r % G. Per head: its tiles [first, last) and whether the walk is done with it.
@@ -195,6 +214,7 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
       const float* src = q.ptr(r0 + i, h);
       float* dst = w.q.data() + r * ldq;
       std::copy(src, src + D, dst);
+      if (prescale) w.q_exp[r] = prescale_int8_query(dst, D);
       std::fill(w.o.data() + r * ldo, w.o.data() + r * ldo + Dv, 0.0f);
       w.state[r] = softmax_state{};
       w.frames[r] = make_row_frame(p, s, h, i);
@@ -221,7 +241,8 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
       // An upper bound on |q|: the norm in double, rounded up.
       double sq = 0;
       for (index_t e = 0; e < D; ++e) sq += double(w.q[r * ldq + e]) * double(w.q[r * ldq + e]);
-      w.qnorm[r] = static_cast<float>(std::sqrt(sq) * (1 + 1e-6));
+      w.qnorm[r] =
+          static_cast<float>(std::ldexp(std::sqrt(sq) * (1 + 1e-6), prescale ? w.q_exp[r] : 0));
     }
   }
   // Whether every row of head u may leave the keys left of x (the tiles from t down) out.
@@ -312,8 +333,12 @@ void ragged_item(const ragged_problem& rp, const tensor_view<const float, 3>& q,
           w.scales[j] = rows.k_scale(s, g, t0 + j);
           w.scales[ragged_key_tile + j] = rows.v_scale(s, g, t0 + j);
         }
-        for (index_t r = u * Rg; r < (u + 1) * Rg; ++r)
-          for (index_t j = 0; j < c; ++j) w.s[r * lds + j] *= w.scales[j];
+        for (index_t r = u * Rg; r < (u + 1) * Rg; ++r) {
+          float* x = w.s.data() + r * lds;
+          for (index_t j = 0; j < c; ++j) x[j] *= w.scales[j];
+          if (const int k = w.q_exp[r])
+            for (index_t j = 0; j < c; ++j) x[j] = std::ldexp(x[j], k);
+        }
       }
       for (index_t r = u * Rg; r < (u + 1) * Rg; ++r) {
         const row_frame& f = w.frames[r];
