@@ -100,6 +100,34 @@ status check_optional(const char* fn, const char* name, const tensor_view<T, R>&
   return check_view(fn, name, v);
 }
 
+/// Key-norm bounds in host memory as far-tile skipping reads them (params.key_norm_bounds,
+/// kv.page_key_norms): each an upper bound on a Euclidean norm, so >= 0, or NaN (which
+/// disables skipping for its KV head). Why: a negative bound, which no key has, would void
+/// the skipping's error bound without a sign. One pass over (..., blocks) values, no copy.
+template <int R>
+status check_key_norm_values(const std::string& f, const char* name,
+                             const tensor_view<const float, R>& v) {
+  static_assert(R == 2 || R == 3,
+                "key-norm bounds are (pages, kv_heads) or (batch, kv_heads, blocks)");
+  if (!v.data) return {};
+  const index_t n0 = v.extents[0], n1 = v.extents[1], n2 = R == 3 ? v.extents[R - 1] : 1;
+  for (index_t a = 0; a < n0; ++a)
+    for (index_t b = 0; b < n1; ++b)
+      for (index_t c = 0; c < n2; ++c) {
+        float x;
+        if constexpr (R == 3)
+          x = v(a, b, c);
+        else
+          x = v(a, b);
+        if (x >= 0.0f || std::isnan(x)) continue;
+        const std::string at = str(a) + ", " + str(b) + (R == 3 ? ", " + str(c) : std::string());
+        return status::failure(f + ": " + name + "(" + at +
+                               ") must be >= 0 (an upper bound on key norms) or NaN, got " +
+                               std::to_string(x));
+      }
+  return {};
+}
+
 /// The checks of a call's parameters that do not depend on its tensors' layout (shared by
 /// attention() and ragged_attention()): scale, windows and slopes, for `B` batch entries
 /// (sequences) of `Hq` query heads and head dim `D`. Sets `scale_out` to the call's scale.
@@ -292,6 +320,8 @@ status make_problem(const tensor_view<TQ, 4>& q, const tensor_view<TK, 4>& k,
   prob = problem_of(p, B, Hq, Hkv, Lq, Lk, D, Dv, scale);
 
   if (host_values) {
+    if (status s = check_key_norm_values(f, "params.key_norm_bounds", p.key_norm_bounds); !s)
+      return s;
     for (index_t b = 0; b < B; ++b) {
       // The raw values: len_q / len_k clamp (for device-side lengths), the host refuses.
       const index_t lq = p.q_lengths.data ? p.q_lengths(b) : Lq;

@@ -195,6 +195,7 @@ status check_kv(const std::string& f, const paged_kv<T>& kv, index_t num_seqs, i
           check_optional(fn, "kv.page_key_norms", kv.page_key_norms, pn, "(num_pages, kv_heads)");
       !s)
     return s;
+  if (status s = check_key_norm_values(f, "kv.page_key_norms", kv.page_key_norms); !s) return s;
   if (p.key_norm_bounds.data || p.key_norm_bounds.size())
     return status::failure(f +
                            ": params.key_norm_bounds is for contiguous K/V; paged K/V give "

@@ -625,6 +625,15 @@ TEST_CASE("ragged: bad arguments are refused with the argument named", "[ragged]
   kv.context_lens32 = alibi::make_view<const std::int32_t>(nullptr, c.S);
   REQUIRE_THAT(message(kv, c.cu, p), Catch::Contains("exactly one"));
   REQUIRE_THROWS_AS(alibi::ragged_attention(be, c.qv(), c.cuv(), kv, ov, p), alibi::argument_error);
+  {  // Page key norms are upper bounds on norms: negative is refused, NaN (no skip) is not.
+    std::vector<float> norms = c.norms;
+    kv = c.paged();
+    kv.page_key_norms = alibi::make_view<const float>(norms.data(), c.pages, sp.kv_heads);
+    norms[3] = std::nanf("");
+    REQUIRE(message(kv, c.cu, p) == "ok");
+    norms[3] = -0.5f;
+    REQUIRE_THAT(message(kv, c.cu, p), Catch::Contains("kv.page_key_norms(1, 1) must be >= 0"));
+  }
   const ragged_case<std::int8_t> c8(mixed(16, 2, 13));
   alibi::paged_kv<std::int8_t> kv8 = c8.paged();
   kv8.k_scales = {};

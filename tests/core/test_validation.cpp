@@ -367,6 +367,24 @@ TEST_CASE("key_norm_bounds and make_view check what they are given", "[validatio
       Contains("bounds and k share memory"));
   REQUIRE_NOTHROW(alibi::key_norm_bounds(good_k, alibi::make_view(bounds.data(), 1, 2, 1)));
   REQUIRE(bounds[0] >= std::sqrt(2.0f));
+  {             // Bounds given to a call: each >= 0 or NaN (skipping off for its KV head), on host
+                // backends, which read them; a negative one is no bound on any norm.
+    fixture f;  // (batch 2, kv_heads 2, k_len 7): one block of keys per KV head
+    std::vector<float> given{1.0f, 0.0f, std::nanf(""), INFINITY};
+    alibi::attention_params p;
+    p.key_norm_bounds = alibi::make_view<const float>(given.data(), 2, 2, 1);
+    REQUIRE(message_of(alibi::backend::eigen{1}, f, p) == "ok");
+    REQUIRE(message_of(alibi::backend::reference{}, f, p) == "ok");
+    for (const float bad : {-1.0f, -1e-30f, -INFINITY}) {
+      given[2] = bad;
+      REQUIRE_THAT(message_of(alibi::backend::eigen{1}, f, p),
+                   Contains("params.key_norm_bounds(1, 0, 0) must be >= 0"));
+      REQUIRE_THAT(message_of(alibi::backend::reference{}, f, p),
+                   Contains("params.key_norm_bounds(1, 0, 0) must be >= 0"));
+    }
+    given[2] = -0.0f;  // a zero of either sign bounds a zero key
+    REQUIRE(message_of(alibi::backend::eigen{1}, f, p) == "ok");
+  }
   // make_view of more elements than int64 holds: no signed overflow (UBSan), and the front
   // end names the element count.
   fixture f;
