@@ -655,6 +655,7 @@ namespace {
 struct dense_case {
   index_t H, L, D;
   std::vector<float> q, k, v, out, dout, lse;
+  std::vector<float> dlse;  // (1, H, L) the logsumexp's gradient, or empty for none
   alibi::attention_params p;
   dense_case(index_t h, index_t l, index_t d, bool causal, std::uint64_t seed) : H(h), L(l), D(d) {
     std::mt19937_64 rng(seed);
@@ -690,8 +691,10 @@ struct dense_case {
       ds = alibi::make_view(dslopes->data(), 1, H);
     }
     auto g = [&](std::vector<G>& x) { return alibi::make_view(x.data(), 1, H, L, D); };
+    const auto dl = dlse.empty() ? alibi::tensor_view<const float, 3>{}
+                                 : alibi::make_view<const float>(dlse.data(), 1, H, L);
     backward_with(be, view(q), view(k), view(v), view(out), view(dout), p.logsumexp, g(dq), g(dk),
-                  g(dv), pp, ds);
+                  g(dv), pp, ds, dl);
   }
 };
 
@@ -708,7 +711,16 @@ double row_norm(const std::vector<float>& x, index_t row, index_t d) {
 TEST_CASE("backward far-tile skipping skips work and stays within its proven bound",
           "[backward][skip]") {
   // 8 heads (slopes 1/2 .. 1/256), causal, 1536 rows: the steep heads skip most far tiles.
+  // Then the same with a logsumexp gradient g (a z-loss's 2 z lse_i, here N(0, 4)).
+  const bool with_dlse = GENERATE(false, true);
+  INFO("a logsumexp gradient given: " << with_dlse);
   dense_case c(8, 1536, 32, true, 21);
+  if (with_dlse) {
+    std::mt19937_64 rng(77);
+    std::normal_distribution<float> randn(0.0f, 2.0f);
+    c.dlse.resize(c.lse.size());
+    for (float& x : c.dlse) x = randn(rng);
+  }
   std::vector<float> dq0, dk0, dv0, ds0, dq1, dk1, dv1, ds1;
   alibi::attention_stats on, off;
   c.backward(alibi::backend::eigen{2}, dq0, dk0, dv0, &ds0, false, &off);
@@ -717,8 +729,8 @@ TEST_CASE("backward far-tile skipping skips work and stays within its proven bou
   CHECK(on.tiles_skipped > on.tiles_computed / 4);
   CHECK(on.tiles_skipped + on.tiles_computed == off.tiles_computed);
   // The bound (docs/far-tile-skipping.md, "In the backward pass"): a row loses at most 2^-24 of its
-  // probability (2^-25 per side, each skipped weight at most 2^-25), |dP_ij - D_i| <= 2 |dO_i|
-  // max|v|.
+  // probability (2^-25 per side, each skipped weight at most 2^-25), |dP_ij - D_i + g_i| <=
+  // 2 |dO_i| max|v| + |g_i| = e_i.
   const double eps25 = std::ldexp(1.0, -25), scale = 1.0 / std::sqrt(32.0);
   double vmax = 0, kmax = 0;
   for (index_t r = 0; r < c.H * c.L; ++r) {
@@ -727,12 +739,17 @@ TEST_CASE("backward far-tile skipping skips work and stays within its proven bou
   }
   constexpr double eps = std::numeric_limits<float>::epsilon();
   for (index_t h = 0; h < c.H; ++h) {
-    double sum_do = 0, sum_do_q = 0, max_dq_bound = 0, max_grad[3] = {0, 0, 0};
+    double sum_do = 0, sum_e = 0, sum_e_q = 0, max_dq_bound = 0, max_grad[3] = {0, 0, 0};
     for (index_t i = 0; i < c.L; ++i) {
       const double dn = row_norm(c.dout, h * c.L + i, c.D);
+      const double e_i =
+          2 * dn * vmax +
+          (with_dlse ? std::fabs(static_cast<double>(c.dlse[static_cast<std::size_t>(h * c.L + i)]))
+                     : 0.0);
       sum_do += dn;
-      sum_do_q += dn * row_norm(c.q, h * c.L + i, c.D);
-      max_dq_bound = std::max(max_dq_bound, scale * 2 * eps25 * 2 * dn * vmax * kmax);
+      sum_e += e_i;
+      sum_e_q += e_i * row_norm(c.q, h * c.L + i, c.D);
+      max_dq_bound = std::max(max_dq_bound, scale * 2 * eps25 * e_i * kmax);
     }
     double err[3] = {0, 0, 0};
     for (index_t e = h * c.L * c.D; e < (h + 1) * c.L * c.D; ++e) {
@@ -744,14 +761,14 @@ TEST_CASE("backward far-tile skipping skips work and stays within its proven bou
       max_grad[1] = std::max(max_grad[1], static_cast<double>(std::abs(dk0[u])));
       max_grad[2] = std::max(max_grad[2], static_cast<double>(std::abs(dv0[u])));
     }
-    const double bounds[3] = {max_dq_bound, scale * eps25 * 2 * vmax * sum_do_q, eps25 * sum_do};
+    const double bounds[3] = {max_dq_bound, scale * eps25 * sum_e_q, eps25 * sum_do};
     for (int g = 0; g < 3; ++g) {
       INFO("head " << h << " gradient " << g << ": change " << err[g] << ", bound " << bounds[g]
                    << " + rounding " << 64 * eps * max_grad[g]);
       // Plus rounding: fewer terms in an fp32 sum change its last bits.
       CHECK(err[g] <= bounds[g] + 64 * eps * max_grad[g]);
     }
-    const double ds_bound = 2 * eps25 * 2 * vmax * sum_do;
+    const double ds_bound = 2 * eps25 * sum_e;
     INFO("dslopes head " << h << ": " << ds1[static_cast<std::size_t>(h)] << " vs "
                          << ds0[static_cast<std::size_t>(h)]);
     CHECK(std::abs(ds1[static_cast<std::size_t>(h)] - ds0[static_cast<std::size_t>(h)]) <=
