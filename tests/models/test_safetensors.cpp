@@ -432,3 +432,76 @@ TEST_CASE("safetensors byte sizes that wrap are refused", "[safetensors]") {
   REQUIRE_THROWS_WITH(w.add("w", {index_t(1) << 32, index_t(1) << 32}, std::vector<float>{}),
                       Contains("tensor 'w'") && Contains("overflow"));
 }
+
+TEST_CASE("safetensors: mutated files are read or refused with an alibi::error",
+          "[safetensors][edge]") {
+  // A valid file of several dtypes; each trial changes it a little: random bytes of the
+  // header set to JSON's own characters or flipped, its length field changed, or the file
+  // cut. parse must either accept it, with every tensor's byte range its dtype and shape
+  // describe and readable as floats, or refuse it with an alibi::error (no other exception,
+  // and in the sanitizer build no read outside the buffer).
+  alibi::safetensors_writer w;
+  const std::vector<float> f32 = {1, -2, 3.5f, 0, 5, 6, 7, 8, 9, 10, 11, 12};
+  w.add("blocks.0.w", {3, 4}, f32);
+  const unsigned char half_bytes[10] = {0, 60, 0, 188, 255, 123, 0, 0, 1, 0};
+  w.add_raw("h", "F16", {5}, half_bytes);
+  w.add_raw("b", "BF16", {5}, half_bytes);
+  const unsigned char f64_bytes[16] = {0, 0, 0, 0, 0, 0, 240, 63, 0, 0, 0, 0, 0, 0, 0, 192};
+  w.add_raw("d", "F64", {2, 1}, f64_bytes);
+  const unsigned char i32_bytes[8] = {1, 0, 0, 0, 2, 0, 0, 0};
+  w.add_raw("ids", "I32", {2}, i32_bytes);
+  w.metadata("format", "pt");
+  const std::vector<unsigned char> base = w.bytes();
+  std::uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | base[static_cast<std::size_t>(i)];
+  REQUIRE(header + 8 < base.size());
+  const std::string json_chars = "{}[]\",:0123456789-+.eE tfnul\\";
+  std::mt19937 rng(2026);
+  auto pick = [&](std::size_t n) {
+    return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng);
+  };
+  int accepted = 0, refused = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    std::vector<unsigned char> bytes = base;
+    const int kind = trial % 4;
+    if (kind == 0 || kind == 1) {  // 1-3 header bytes: a JSON character, or a flipped bit
+      for (std::size_t m = 0, count = 1 + pick(3); m < count; ++m) {
+        const std::size_t at = 8 + pick(static_cast<std::size_t>(header));
+        bytes[at] = kind == 0 ? static_cast<unsigned char>(json_chars[pick(json_chars.size())])
+                              : static_cast<unsigned char>(bytes[at] ^ (1u << pick(8)));
+      }
+    } else if (kind == 2) {  // the header length: a byte set at random
+      bytes[pick(8)] = static_cast<unsigned char>(pick(256));
+    } else {  // cut anywhere, or one byte of the data changed
+      if (trial % 8 == 3)
+        bytes.resize(pick(bytes.size()));
+      else
+        bytes[8 + header + pick(bytes.size() - 8 - header)] ^= 0xFF;
+    }
+    const std::size_t size = bytes.size();
+    try {
+      const alibi::safetensors f = alibi::safetensors::parse(std::move(bytes), "mutated");
+      for (const std::string& name : f.names()) {
+        const auto& info = f.info(name);
+        const auto raw = f.raw(name);
+        REQUIRE(raw.second == info.end - info.begin);
+        REQUIRE(info.end <= size);
+        std::size_t elements = 1;
+        for (const index_t e : info.shape) elements *= static_cast<std::size_t>(e);
+        REQUIRE(f.element_count(name) == elements);
+        try {
+          const std::vector<float> values = f.to_float(name);
+          REQUIRE(values.size() == elements);
+        } catch (const alibi::error& e) {  // a dtype that is not a float
+          REQUIRE_THAT(e.what(), Contains(name));
+        }
+      }
+      ++accepted;
+    } catch (const alibi::error&) {
+      ++refused;
+    }
+  }
+  INFO("accepted " << accepted << ", refused " << refused);
+  CHECK(accepted > 100);
+  CHECK(refused > 100);
+}
