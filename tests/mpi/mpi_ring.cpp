@@ -74,8 +74,37 @@ void injected_failures(mpi_cases::runner& r) {
 
 }  // namespace
 
+/// The tags of a ring call (alibi::mpi::detail::tag_window_for): within [0, ub], consecutive
+/// calls apart, and for a ring of more ranks than the tags allow, every tag reused cyclically.
+void tag_windows() {
+  using alibi::detail::mpi::tag_window_for;
+  auto expect = [](bool ok, const std::string& what) {
+    if (!ok) mpi_checks::fail("tag_window_for: " + what);
+  };
+  const std::int64_t ub = 32767;
+  for (const std::int64_t ranks : {1, 2, 3, 4, 100, 8191, 8192})
+    for (std::int64_t call = 0; call < 3; ++call) {
+      const auto w = tag_window_for(ub, call, 4 * ranks, 4),
+                 next = tag_window_for(ub, call + 1, 4 * ranks, 4);
+      expect(w.span == 4 * ranks, "span of a ring that fits");
+      expect(w.base >= 0 && w.base + w.span <= ub + 1, "tags within [0, ub]");
+      expect(ranks * 8 > ub + 1 || w.base != next.base, "consecutive calls apart");
+    }
+  for (const std::int64_t ranks : {8193, 20000, 1 << 20}) {
+    const auto w = tag_window_for(ub, 7, 4 * ranks, 4);
+    expect(w.base == 0 && w.span == 32768, "a ring of more ranks than tags takes them all");
+    std::int64_t top = 0;
+    for (std::int64_t step = 0; step < ranks; ++step)
+      top = std::max(top, w.base + 4 * step % w.span + 3);
+    expect(top == ub, "cyclic tags stay within [0, ub]");
+  }
+}
+
 int main(int argc, char** argv) {
   mpi_cases::backend_runner<alibi::backend::eigen> eigen({1}, "eigen");
   staged_runner staged;
-  return mpi_cases::run_main(argc, argv, {&eigen, &staged}, [&] { injected_failures(staged); });
+  return mpi_cases::run_main(argc, argv, {&eigen, &staged}, [&] {
+    injected_failures(staged);
+    tag_windows();
+  });
 }

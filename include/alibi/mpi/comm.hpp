@@ -154,16 +154,38 @@ inline std::int64_t next_call_number(MPI_Comm comm) {
   return n;
 }
 
-/// The first point-to-point tag of call `call` that uses `per_call` tags: calls take turns
-/// through the tags comm allows (MPI_TAG_UB, at least 32767), so consecutive calls never
-/// share one.
-inline int call_tag_base(MPI_Comm comm, std::int64_t call, int per_call) {
+/// The point-to-point tags of one call: [base, base + span). A call wants `per_call` tags,
+/// `unit` per step (per_call a multiple of unit), where MPI allows tags [0, ub] (ub at least
+/// 32767). Calls take turns through the tags, so that consecutive calls never share one.
+/// A call that wants more tags than there are (a ring of more than (ub + 1) / 4 ranks) takes
+/// them all and reuses them cyclically, `span` apart (a multiple of unit): a step's messages
+/// then share tags with one span/unit steps earlier, which MPI's non-overtaking order between
+/// two ranks keeps matched in step order (each rank posts its steps in order).
+struct tag_window {
+  int base = 0;
+  int span = 0;
+};
+
+inline tag_window tag_window_for(std::int64_t ub, std::int64_t call, std::int64_t per_call,
+                                 int unit) {
+  tag_window w;
+  const std::int64_t all = (ub + 1) / unit * unit;
+  if (per_call > all || per_call <= 0) {
+    w.span = static_cast<int>(all);
+    return w;
+  }
+  const std::int64_t turns = all / per_call;
+  w.base = static_cast<int>((call % turns) * per_call);
+  w.span = static_cast<int>(per_call);
+  return w;
+}
+
+/// tag_window_for with comm's MPI_TAG_UB.
+inline tag_window call_tags(MPI_Comm comm, std::int64_t call, std::int64_t per_call, int unit) {
   void* value = nullptr;
   int found = 0;
   check_mpi(MPI_Comm_get_attr(comm, MPI_TAG_UB, &value, &found), "MPI_Comm_get_attr (MPI_TAG_UB)");
-  const std::int64_t ub = found ? *static_cast<int*>(value) : 32767;
-  const std::int64_t turns = per_call > 0 ? (ub + 1) / per_call : 1;
-  return turns > 1 ? static_cast<int>((call % turns) * per_call) : 0;
+  return tag_window_for(found ? *static_cast<int*>(value) : 32767, call, per_call, unit);
 }
 
 /// The non-blocking messages in flight: none of them outlives this object, which waits for

@@ -121,7 +121,7 @@ class ring_call {
         lengths_);
     if (zigzag)
       require_equal_rows(fn_, "the zigzag layout needs the same rows on every rank", lengths_);
-    tag_base_ = call_tag_base(comm_, call, tags_per_step * P_);
+    tags_ = call_tags(comm_, call, std::int64_t{tags_per_step} * P_, tags_per_step);
   }
 
   /// Everything this rank allocates for the call, before its first message: the segments,
@@ -467,7 +467,8 @@ class ring_call {
       const int src = along(rank_, step, 1 - d);  // the part in hand that came this way
       m.kin[d] = step == 0 ? kbuf_[0][0].data() : kbuf_[d][step % 2].data();
       m.vin[d] = step == 0 ? vbuf_[0][0].data() : vbuf_[d][step % 2].data();
-      const int tag = tag_base_ + tags_per_step * step + 2 * d;
+      const int tag =
+          tags_.base + static_cast<int>(std::int64_t{tags_per_step} * step % tags_.span) + 2 * d;
       if (forwards(rank_, step, d)) {
         const index_t len = lengths_[static_cast<std::size_t>(src)];
         const int kn = static_cast<int>(B_ * Hkv_ * len * Dk_),
@@ -597,7 +598,7 @@ class ring_call {
   const int rank_, P_;
   const host_params host_;  // what the planning reads, in host memory
   std::vector<index_t> lengths_;
-  int tag_base_ = 0;  // this call's first point-to-point tag
+  tag_window tags_;  // this call's point-to-point tags
   std::vector<std::vector<segment>> segs_;
   std::size_t nseg_ = 0;  // the same on every rank
   whole_key_mask<Backend> key_mask_;
