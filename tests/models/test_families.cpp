@@ -757,6 +757,55 @@ TEST_CASE("families: loading errors name the tensor and the family", "[layers][f
   }
 }
 
+TEST_CASE("families: a layer loads from a file of some layers only, and under PEFT's prefix",
+          "[layers][families]") {
+  // The root is looked for with the layer being loaded (a shard or a pipeline stage holds
+  // no layer 0), and BLOOM's "transformer." root under "base_model.model." is among them.
+  const hf_model hf(bloom_spec(), 83);
+  const alibi::model_family fam = library_family(hf.spec, hf.layers);
+  auto file_of = [&](const std::string& prefix, const std::string& only) {
+    alibi::safetensors_writer w;
+    for (const auto& kv : hf.tensors)
+      if (only.empty() || kv.first.rfind(only, 0) == 0)
+        w.add(prefix + kv.first, kv.second.shape, kv.second.data);
+    return alibi::safetensors::parse(w.bytes());
+  };
+  auto weights = [&](const alibi::safetensors& file) {
+    alibi::transformer_layer<float, cpu> layer(fam.layer);
+    alibi::load_family_layer(layer, file, fam, 1);
+    std::vector<std::vector<float>> all;
+    for (const auto& p : layer.parameters()) all.push_back(layer.get(p.name));
+    return all;
+  };
+  const auto whole = weights(file_of("", ""));
+  REQUIRE(weights(file_of("", "h.1.")) == whole);
+  REQUIRE(weights(file_of("transformer.", "h.1.")) == whole);
+  REQUIRE(weights(file_of("base_model.model.transformer.", "")) == whole);
+  REQUIRE(weights(file_of("base_model.model.", "")) == whole);
+}
+
+TEST_CASE("families: packed q/k/v refuse a layer whose key or value input is not the embedding",
+          "[layers][families]") {
+  // A packed projection reads one input: a layer with another key_dim or value_dim once
+  // had its k or v part read past the packed rows (a heap overflow).
+  const hf_model hf(bloom_spec(), 89);
+  const alibi::model_family fam = library_family(hf.spec, hf.layers);
+  alibi::safetensors_writer w;
+  for (const auto& kv : hf.tensors) w.add(kv.first, kv.second.shape, kv.second.data);
+  const auto file = alibi::safetensors::parse(w.bytes());
+  for (const bool key : {true, false}) {
+    alibi::layer_config lc = fam.layer;
+    (key ? lc.attention.key_dim : lc.attention.value_dim) = 2 * lc.attention.embed_dim;
+    alibi::transformer_layer<float, cpu> layer(lc);
+    REQUIRE_THROWS_WITH(alibi::load_family_layer(layer, file, fam, 0),
+                        Catch::Contains("key_dim and value_dim must be embed_dim"));
+  }
+  alibi::layer_config lc = fam.layer;
+  lc.attention.key_dim = lc.attention.value_dim = lc.attention.embed_dim;  // the same, spelled out
+  alibi::transformer_layer<float, cpu> layer(lc);
+  REQUIRE_NOTHROW(alibi::load_family_layer(layer, file, fam, 0));
+}
+
 TEST_CASE("families: a model's output head is found beside its root, and required where it has one",
           "[layers][families][causal_lm]") {
   // Baichuan has a head of its own: a checkpoint without one is refused (it once ran with the

@@ -3,6 +3,7 @@
 // checkpoints of the ALiBi model families (families.hpp) and their config.json files.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -98,19 +99,21 @@ inline std::string layer_probe(const model_family& family, index_t i, const std:
          ".weight";
 }
 
-/// The first root under which `file` holds layer 0's first projection of `family`: the
-/// family's own root, then "", "transformer.", "model.", "base_model.model." + the family's
-/// root and "base_model.model." (PEFT).
+/// The first root under which `file` holds layer `layer`'s first projection of `family`:
+/// the family's own root, then "", "transformer.", "model.", and each of those under
+/// "base_model.model." (PEFT), each root tried once. The layer probed is the one being
+/// loaded, so a file that holds some layers only (a shard, a pipeline stage) is found.
 template <class File>
-std::string family_root(const File& file, const model_family& family, const char* fn) {
-  // The published root, none, the common ones, and those under a fine-tuning tool's
-  // "base_model.model." (PEFT).
-  std::vector<std::string> roots = {
-      family.root,        "", "transformer.", "model.", "base_model.model." + family.root,
-      "base_model.model."};
+std::string family_root(const File& file, const model_family& family, const char* fn,
+                        index_t layer = 0) {
+  std::vector<std::string> roots;
+  for (const char* tool : {"", "base_model.model."})
+    for (const std::string& r :
+         {family.root, std::string(), std::string("transformer."), std::string("model.")})
+      if (std::find(roots.begin(), roots.end(), tool + r) == roots.end()) roots.push_back(tool + r);
   std::string tried;
   for (const std::string& r : roots) {
-    const std::string probe = layer_probe(family, 0, r);
+    const std::string probe = layer_probe(family, layer, r);
     if (file.contains(probe)) return r;
     tried += (tried.empty() ? "'" : ", '") + probe + "'";
   }
@@ -140,7 +143,14 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
     detail::raise(argument_error(f + ": per-head packed q/k/v (" + family.name +
                                  ") needs q_heads == kv_heads, the layer has " + str(a.q_heads) +
                                  " and " + str(a.kv_heads)));
-  const std::string prefix = family.layer_prefix(index, family_root(file, family, fn));
+  // Packed q/k/v project one input: the key and value inputs are the embedding.
+  if (n.packing != qkv_packing::separate && ((a.key_dim != 0 && a.key_dim != a.embed_dim) ||
+                                             (a.value_dim != 0 && a.value_dim != a.embed_dim)))
+    detail::raise(argument_error(
+        f + ": packed q/k/v (" + family.name +
+        ") project one input, so the layer's key_dim and value_dim must be embed_dim = " +
+        str(a.embed_dim) + " (or 0), got " + str(a.key_dim) + " and " + str(a.value_dim)));
+  const std::string prefix = family.layer_prefix(index, family_root(file, family, fn, index));
   std::set<std::string> wanted;
   for (const parameter_info& p : layer.parameters()) wanted.insert(p.name);
   std::set<std::string> loaded;
@@ -250,7 +260,14 @@ void load_family_layer_from(transformer_layer<T, Backend>& layer, const File& fi
       const auto parts = split_qkv(n.packing, mine, row_len, a.q_heads, a.kv_heads, hd);
       for (int s = 0; s < 3; ++s) {
         const std::string target = attn + targets[s] + suffix;
-        layer.set(target, parts[static_cast<std::size_t>(s)].data(), shape_of(target));
+        const std::vector<index_t> to = shape_of(target);
+        // set() reads the count its shape gives from the part's data: they must agree.
+        if (detail::checked_product(to.begin(), to.end()) !=
+            static_cast<index_t>(parts[static_cast<std::size_t>(s)].size()))
+          detail::raise(argument_error(f + ": parameter '" + target + "' has shape " +
+                                       shape_text(to) + ", which " + family.name +
+                                       "'s packed q/k/v rows do not fill"));
+        layer.set(target, parts[static_cast<std::size_t>(s)].data(), to);
         loaded.insert(target);
       }
     }
