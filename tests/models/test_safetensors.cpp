@@ -275,6 +275,19 @@ TEST_CASE("safetensors: sharded checkpoints load like one file", "[safetensors][
              Contains("names shard '/x.safetensors'"));
   CHECK_THAT(index_error("{\"weight_map\":{\"w\":\"missing.safetensors\"}}"),
              Contains("cannot open") && Contains("missing.safetensors"));
+  // A shard name with a NUL would open the file named by its part before the NUL.
+  CHECK_THAT(index_error("{\"weight_map\":{\"model.layers.0.norm1.weight\":"
+                         "\"model-00002-of-00002.safetensors\\u0000junk\"}}"),
+             Contains("names shard") && Contains("NUL"));
+  REQUIRE_THROWS_WITH(
+      alibi::safetensors::read(std::string(dir / "model-00002-of-00002.safetensors") +
+                               std::string(1, '\0') + "junk"),
+      Contains("NUL"));
+  // Metadata that is not an object is refused, as a file's __metadata__ is.
+  CHECK_THAT(index_error("{\"metadata\":\"oops\",\"weight_map\":{}}"),
+             Contains("\"metadata\" is not an object"));
+  CHECK_THAT(index_error("{\"metadata\":[1],\"weight_map\":{}}"),
+             Contains("\"metadata\" is not an object"));
   CHECK_THAT(index_error("{\"weight_map\":{\"model.layers.0.norm1.weight\":"
                          "\"model-00001-of-00002.safetensors\"}}"),
              Contains("puts tensor 'model.layers.0.norm1.weight' in shard "

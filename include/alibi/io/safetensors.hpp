@@ -59,6 +59,9 @@ class file_bytes {
 
   /// Maps the file at `path` (when `map` and the platform allows), else reads it.
   static std::shared_ptr<const file_bytes> open(const std::string& path, bool map) {
+    // The system would open the path cut at its first NUL: another file than the one named.
+    if (path.find('\0') != std::string::npos)
+      cannot_open(printable(path), "the path contains a NUL character");
 #if defined(__unix__) || defined(__APPLE__)
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) cannot_open(path, std::strerror(errno));
@@ -109,6 +112,14 @@ class file_bytes {
   const unsigned char* data() const { return data_; }
   std::size_t size() const { return size_; }
   bool mapped() const { return mapped_; }
+
+  /// A path for a message, each NUL shown as a backslash and 0 (an error's text would end
+  /// at its first NUL).
+  static std::string printable(const std::string& path) {
+    std::string out;
+    for (const char c : path) out += c == '\0' ? std::string("\\0") : std::string(1, c);
+    return out;
+  }
 
  private:
   [[noreturn]] static void cannot_open(const std::string& path, const std::string& why) {
@@ -593,6 +604,8 @@ class sharded_safetensors {
     if (!index.is_object() || weight_map == index.end() || !weight_map->is_object())
       s.fail("the index needs a \"weight_map\" object (tensor name: shard file)");
     const auto meta = index.find("metadata");
+    if (meta != index.end() && !meta->is_object() && !meta->is_null())
+      s.fail("the index's \"metadata\" is not an object");
     if (meta != index.end() && meta->is_object())
       for (const auto& kv : meta->items())
         s.metadata_[kv.key()] =
@@ -604,10 +617,12 @@ class sharded_safetensors {
         s.fail("weight_map entry '" + kv.key() + "' is not a string (a shard file name)");
       const std::string file = kv.value().get<std::string>();
       if (file.empty() || file[0] == '/' || file == ".." || file.rfind("../", 0) == 0 ||
-          file.find("/../") != std::string::npos ||
+          file.find('\0') != std::string::npos || file.find("/../") != std::string::npos ||
           (file.size() >= 3 && file.compare(file.size() - 3, 3, "/..") == 0))
-        s.fail("weight_map entry '" + kv.key() + "' names shard '" + file +
-               "'; expected a file name relative to the index's folder, without \"..\"");
+        s.fail("weight_map entry '" + kv.key() + "' names shard '" +
+               detail::file_bytes::printable(file) +
+               "'; expected a file name relative to the index's folder, without \"..\" or "
+               "a NUL character");
       auto it = s.shards_.find(file);
       if (it == s.shards_.end())
         it = s.shards_.emplace(file, safetensors::read(folder + file, how)).first;
