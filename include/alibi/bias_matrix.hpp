@@ -12,6 +12,9 @@ namespace alibi {
 /// Fills out (batch, heads, q_len, k_len) with the additive bias the attention applies:
 /// -slope(b, h) * |q_pos - k_pos| in fp32 for allowed keys, -inf for keys excluded by the
 /// causal/window masks, the key lengths or the key mask, and -inf on padded query rows.
+/// The distances are absolute, so beyond 2^24 neighbouring keys share one fp32 bias; the
+/// fused backends measure them from each row's nearest allowed key (a softmax-invariant
+/// shift) and still tell such keys apart. `out` must not overlap itself or the parameters.
 /// Slopes, masks, lengths and positions come from `params` exactly as attention() reads
 /// them (params.scale and params.logsumexp are ignored). With ALiBi disabled the allowed
 /// entries are 0.
@@ -25,8 +28,17 @@ inline void fill_bias(tensor_view<float, 4> out, const attention_params& params 
   p.logsumexp = {};
   p.scale = 1.0f;
   detail::attention_problem prob;
-  if (status s = detail::check_view("alibi::fill_bias", "out", out); !s) s.throw_if_failed();
-  detail::make_problem(q, k, k, o, p, true, prob, "alibi::fill_bias").throw_if_failed();
+  const char* fn = "alibi::fill_bias";
+  detail::check_view(fn, "out", out).throw_if_failed();
+  detail::make_problem(q, k, k, o, p, true, prob, fn).throw_if_failed();
+  // out is written while the parameters are read (a slope under out changed as it was
+  // written), and each of its elements once.
+  detail::check_no_overlap(fn, "out", out).throw_if_failed();
+  detail::check_disjoint_from(fn, "out", out, "params.slopes.values", p.slopes.values,
+                              "params.key_mask", p.key_mask, "params.q_lengths", p.q_lengths,
+                              "params.k_lengths", p.k_lengths, "params.q_offsets", p.q_offsets,
+                              "params.k_offsets", p.k_offsets)
+      .throw_if_failed();
   constexpr float neg_inf = -std::numeric_limits<float>::infinity();
   for (index_t b = 0; b < B; ++b) {
     const index_t lq = prob.len_q(b), qo = prob.q_offset(b), ko = prob.k_offset(b);

@@ -187,6 +187,17 @@ TEST_CASE("the same checks run for the reference backend and fill_bias", "[valid
       Contains("alibi::fill_bias: params.k_lengths(0) must be in [0, k_len = 4], got 9"));
   CHECK_THROWS_WITH(alibi::bias_matrix(-1, 2, 2),
                     Contains("alibi::bias_matrix: heads, q_len and k_len must be >= 0"));
+  // out over the caller's slopes (head 0's row wrote head 1's slope before it was read), and
+  // an out whose elements overlap: refused, as attention() refuses them for its out.
+  std::vector<float> both = {0.5f, 0.25f, 0, 0, 0, 0, 0, 0};
+  alibi::attention_params ps;
+  ps.slopes.values = alibi::make_view<const float>(both.data(), 1, 2);
+  CHECK_THROWS_WITH(alibi::fill_bias(alibi::make_view(both.data(), 1, 2, 2, 2), ps),
+                    Contains("out and params.slopes.values share memory"));
+  CHECK_THROWS_WITH(
+      alibi::fill_bias(alibi::make_strided_view<float, 4>(bias.data(), {1, 2, 3, 4}, {0, 0, 0, 0})),
+      Contains("out's elements must not overlap"));
+  REQUIRE_NOTHROW(alibi::fill_bias(alibi::make_view(both.data() + 2, 1, 2, 1, 3), ps));
 }
 
 TEST_CASE("tensor_view converts T to const T only", "[validation]") {
